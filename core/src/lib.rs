@@ -1,0 +1,24 @@
+//! The pure domain of Better Compute: no IO, no async, no database.
+//!
+//! Everything here follows `shared/seed/nodes.md`: a node's state is a set of independent
+//! axes ([`axes`]), `provisionState` moves only along [`provision::PROVISION_STATE_TABLE`],
+//! schedulability is the seven ordered checks of [`schedule`], and every change a transition
+//! makes is returned as a list of [`event::Change`]s so the storage layer can write the
+//! matching events in the same transaction.
+//!
+//! Time enters only through the [`clock::Clock`] trait (or an explicit `now` argument), so
+//! every rule is testable without sleeping.
+
+pub mod actor;
+pub mod axes;
+pub mod clock;
+pub mod error;
+pub mod event;
+pub mod ids;
+pub mod node;
+pub mod provision;
+pub mod reason;
+pub mod schedule;
+
+pub use actor::Actor;
+pub use error::DomainError;
