@@ -1,7 +1,7 @@
 //! Time as a dependency. Controllers and services take a [`Clock`] so tests can move time
 //! forward instead of sleeping.
 
-use chrono::{DateTime, Duration, Utc};
+use chrono::{DateTime, Duration, Timelike, Utc};
 use std::sync::{Arc, Mutex};
 
 pub trait Clock: Send + Sync + 'static {
@@ -13,8 +13,12 @@ pub trait Clock: Send + Sync + 'static {
 pub struct SystemClock;
 
 impl Clock for SystemClock {
+    /// Truncated to microseconds: PostgreSQL keeps microseconds and SQLite keeps whatever it
+    /// is given, so a time read back equals the time written on both.
     fn now(&self) -> DateTime<Utc> {
-        Utc::now()
+        let now = Utc::now();
+        now.with_nanosecond(now.nanosecond() / 1_000 * 1_000)
+            .unwrap_or(now)
     }
 }
 

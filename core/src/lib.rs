@@ -11,6 +11,7 @@
 
 pub mod actor;
 pub mod axes;
+pub mod catalog;
 pub mod clock;
 pub mod error;
 pub mod event;

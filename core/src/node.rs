@@ -19,6 +19,7 @@ use crate::event::{Axis, Change};
 use crate::ids::{NodeId, PoolId, SiteId, TenantId};
 use crate::provision::{self, ProvisionMove};
 use crate::reason::{NoScheduleReason, ReasonKey};
+use crate::schedule::{Explanation, SchedulingFacts};
 
 /// Why and by whom a node was cordoned.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -765,13 +766,22 @@ pub struct NodeDetail {
     pub conditions: Vec<Condition>,
     pub gpu_count: i32,
     pub session: Option<Session>,
+    /// Why the node is or is not schedulable, computed when the view is built.
+    pub schedulability: Explanation,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     pub deleted_at: Option<DateTime<Utc>>,
 }
 
 impl NodeDetail {
-    pub fn new(record: NodeRecord, session: Option<Session>) -> NodeDetail {
+    /// The API view of `record`. `pool_owner_tenant_id` is the owner of the node's pool,
+    /// which the trust check of schedulability needs.
+    pub fn new(
+        record: NodeRecord,
+        session: Option<Session>,
+        pool_owner_tenant_id: Option<&TenantId>,
+    ) -> NodeDetail {
+        let schedulability = SchedulingFacts::of(&record, pool_owner_tenant_id).explain();
         let NodeRecord {
             id,
             hostname,
@@ -833,6 +843,7 @@ impl NodeDetail {
             conditions,
             gpu_count,
             session,
+            schedulability,
             created_at,
             updated_at,
             deleted_at,
@@ -1100,7 +1111,7 @@ pub(crate) mod tests {
     fn detail_hides_power_adapter_drivers_and_key() {
         let mut record = node(ProvisionState::Adopted);
         record.hardware_key = Some("abc".into());
-        let json = serde_json::to_value(NodeDetail::new(record, None)).expect("serialises");
+        let json = serde_json::to_value(NodeDetail::new(record, None, None)).expect("serialises");
         for hidden in ["power", "adapter", "drivers", "hardware_key"] {
             assert!(
                 json.get(hidden).is_none(),

@@ -1,0 +1,18 @@
+//! sea-orm entities for Better Compute's storage rows.
+//!
+//! One module per table. Storage rows only: enum-like values are plain
+//! `String` columns, JSON columns are `serde_json::Value`, timestamps are
+//! `DateTime<Utc>`. The schema itself is owned by `bc-migration`.
+
+pub mod event;
+pub mod node;
+pub mod node_condition;
+pub mod node_label;
+pub mod node_no_schedule_reason;
+pub mod node_session;
+pub mod node_taint;
+pub mod pool;
+pub mod site;
+pub mod tenant;
+
+pub mod prelude;

@@ -1,0 +1,27 @@
+//! Better Compute's schema migrations, run by the server at start.
+//!
+//! ```no_run
+//! use bc_migration::{Migrator, MigratorTrait};
+//! # async fn start(db: &sea_orm::DatabaseConnection) -> Result<(), sea_orm::DbErr> {
+//! Migrator::up(db, None).await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The same DDL runs on SQLite and PostgreSQL. Migrations are frozen once
+//! released: never edit one, add a new `mYYYYMMDD_NNNNNN_*` module instead.
+
+pub use sea_orm_migration::MigratorTrait;
+use sea_orm_migration::prelude::*;
+
+mod m20261202_000001_initial;
+
+/// Runs every migration in order; see [`MigratorTrait`] for `up`/`down`/`status`.
+pub struct Migrator;
+
+#[async_trait::async_trait]
+impl MigratorTrait for Migrator {
+    fn migrations() -> Vec<Box<dyn MigrationTrait>> {
+        vec![Box::new(m20261202_000001_initial::Migration)]
+    }
+}

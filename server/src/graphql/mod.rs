@@ -1,0 +1,71 @@
+//! The GraphQL API: thin resolvers over [`crate::service::Services`].
+//!
+//! Resolvers parse input, call one service function, and convert the result; errors are
+//! [`crate::error::ApiError`]s with stable `extensions.code`s.
+
+pub mod inputs;
+pub mod mutation;
+pub mod query;
+pub mod types;
+
+use async_graphql::{Context, EmptySubscription, Schema};
+
+use crate::auth::Principal;
+use crate::config::GraphqlConfig;
+use crate::error::ApiError;
+use crate::service::Services;
+
+pub type AppSchema = Schema<query::QueryRoot, mutation::MutationRoot, EmptySubscription>;
+
+/// The schema with its limits and the services it resolves against.
+pub fn build_schema(services: Option<Services>, config: &GraphqlConfig) -> AppSchema {
+    let mut builder = Schema::build(query::QueryRoot, mutation::MutationRoot, EmptySubscription)
+        .limit_depth(config.max_depth)
+        .limit_complexity(config.max_complexity)
+        .extension(crate::telemetry::GraphqlMetrics)
+        .data(config.clone());
+    if let Some(services) = services {
+        builder = builder.data(services);
+    }
+    builder.finish()
+}
+
+/// The SDL of the schema: what `schema.graphql` holds.
+pub fn sdl() -> String {
+    build_schema(None, &GraphqlConfig::default()).sdl()
+}
+
+/// The authenticated caller. The HTTP layer refuses requests without a valid token, so a
+/// missing principal here is a wiring fault, reported as `UNAUTHENTICATED` all the same.
+pub(crate) fn principal<'a>(ctx: &'a Context<'_>) -> Result<&'a Principal, ApiError> {
+    ctx.data_opt::<Principal>()
+        .ok_or_else(|| ApiError::Unauthenticated("no credentials".into()))
+}
+
+pub(crate) fn services<'a>(ctx: &'a Context<'_>) -> async_graphql::Result<&'a Services> {
+    ctx.data::<Services>()
+}
+
+/// `first` checked against the configured limits.
+pub(crate) fn page_size(ctx: &Context<'_>, first: Option<i32>) -> Result<u64, ApiError> {
+    let config = ctx.data_opt::<GraphqlConfig>().cloned().unwrap_or_default();
+    match first {
+        None => Ok(config.default_page_size),
+        Some(n) if n < 0 => Err(ApiError::BadUserInput(
+            "`first` must not be negative".into(),
+        )),
+        Some(n) if n as u64 > config.max_page_size => Err(ApiError::BadUserInput(format!(
+            "`first` must be at most {}",
+            config.max_page_size
+        ))),
+        Some(n) => Ok(n as u64),
+    }
+}
+
+/// Parses a prefixed id argument into a `BAD_USER_INPUT` on failure.
+pub(crate) fn parse_id<T>(
+    raw: &async_graphql::ID,
+    parse: fn(&str) -> Result<T, bc_core::DomainError>,
+) -> Result<T, ApiError> {
+    parse(raw.as_str()).map_err(ApiError::from)
+}

@@ -1,0 +1,318 @@
+//! Mutations. Each one that changes a node takes the `version` the caller read.
+
+use async_graphql::{Context, ID, Object};
+use bc_core::catalog::HardwareProfile;
+use bc_core::ids::{NodeId, PoolId, SiteId, TenantId};
+use bc_core::provision::ProvisionMove;
+use std::collections::BTreeMap;
+
+use super::inputs::{
+    CordonNodeInput, CreatePoolInput, CreateSiteInput, DrainNodeInput, EnrollNodeInput,
+    LabelNodeInput, NodeVersionInput, ReasonedNodeInput, TaintNodeInput, TransitionNodeInput,
+    UntaintNodeInput,
+};
+use super::types::{NodeDetail, Pool, Site, Tenant};
+use super::{parse_id, principal, services};
+use crate::error::ApiError;
+use crate::service::catalog::NewPool;
+
+pub struct MutationRoot;
+
+fn node_id(id: &ID) -> Result<NodeId, ApiError> {
+    parse_id(id, NodeId::parse)
+}
+
+#[Object]
+impl MutationRoot {
+    /// No new work lands on the node. Already cordoned: nothing changes.
+    async fn cordon_node(
+        &self,
+        ctx: &Context<'_>,
+        input: CordonNodeInput,
+    ) -> async_graphql::Result<NodeDetail> {
+        let s = services(ctx)?;
+        Ok(NodeDetail(
+            s.cordon_node(
+                principal(ctx)?,
+                &node_id(&input.id)?,
+                input.version,
+                &input.reason,
+            )
+            .await?,
+        ))
+    }
+
+    /// Lifts a cordon, and ends a drain under way.
+    async fn uncordon_node(
+        &self,
+        ctx: &Context<'_>,
+        input: NodeVersionInput,
+    ) -> async_graphql::Result<NodeDetail> {
+        let s = services(ctx)?;
+        Ok(NodeDetail(
+            s.uncordon_node(principal(ctx)?, &node_id(&input.id)?, input.version)
+                .await?,
+        ))
+    }
+
+    /// Cordons the node and keeps `draining` in `noScheduleReasons` until its allocations are
+    /// released or the deadline passes.
+    async fn drain_node(
+        &self,
+        ctx: &Context<'_>,
+        input: DrainNodeInput,
+    ) -> async_graphql::Result<NodeDetail> {
+        let s = services(ctx)?;
+        let id = node_id(&input.id)?;
+        Ok(NodeDetail(
+            s.drain_node(
+                principal(ctx)?,
+                &id,
+                input.version,
+                &input.reason,
+                input.deadline,
+            )
+            .await?,
+        ))
+    }
+
+    /// Adds or replaces a taint; a `NO_SCHEDULE` taint adds `taint:<key>` to `noScheduleReasons`.
+    async fn taint_node(
+        &self,
+        ctx: &Context<'_>,
+        input: TaintNodeInput,
+    ) -> async_graphql::Result<NodeDetail> {
+        let s = services(ctx)?;
+        let id = node_id(&input.id)?;
+        let p = principal(ctx)?;
+        Ok(NodeDetail(
+            s.taint_node(
+                p,
+                &id,
+                input.version,
+                &input.key,
+                &input.value,
+                input.effect.into(),
+            )
+            .await?,
+        ))
+    }
+
+    async fn untaint_node(
+        &self,
+        ctx: &Context<'_>,
+        input: UntaintNodeInput,
+    ) -> async_graphql::Result<NodeDetail> {
+        let s = services(ctx)?;
+        Ok(NodeDetail(
+            s.untaint_node(
+                principal(ctx)?,
+                &node_id(&input.id)?,
+                input.version,
+                &input.key,
+            )
+            .await?,
+        ))
+    }
+
+    /// Sets and removes labels in one change.
+    async fn label_node(
+        &self,
+        ctx: &Context<'_>,
+        input: LabelNodeInput,
+    ) -> async_graphql::Result<NodeDetail> {
+        let s = services(ctx)?;
+        let id = node_id(&input.id)?;
+        let mut set = BTreeMap::new();
+        for label in input.set {
+            if set.insert(label.key.clone(), label.value).is_some() {
+                return Err(
+                    ApiError::BadUserInput(format!("label `{}` is set twice", label.key)).into(),
+                );
+            }
+        }
+        Ok(NodeDetail(
+            s.label_node(principal(ctx)?, &id, input.version, &set, &input.remove)
+                .await?,
+        ))
+    }
+
+    /// `adopting` → `adopted` (`nodes.adopt`).
+    async fn adopt_node(
+        &self,
+        ctx: &Context<'_>,
+        input: NodeVersionInput,
+    ) -> async_graphql::Result<NodeDetail> {
+        let s = services(ctx)?;
+        let id = node_id(&input.id)?;
+        Ok(NodeDetail(
+            s.move_node(
+                principal(ctx)?,
+                &id,
+                input.version,
+                ProvisionMove::Adopt,
+                None,
+            )
+            .await?,
+        ))
+    }
+
+    /// Starts retirement: `adopted`, `ready` or `failed` → `retiring`.
+    async fn retire_node(
+        &self,
+        ctx: &Context<'_>,
+        input: ReasonedNodeInput,
+    ) -> async_graphql::Result<NodeDetail> {
+        let s = services(ctx)?;
+        let id = node_id(&input.id)?;
+        let p = principal(ctx)?;
+        Ok(NodeDetail(
+            s.move_node(
+                p,
+                &id,
+                input.version,
+                ProvisionMove::Retire,
+                Some(&input.reason),
+            )
+            .await?,
+        ))
+    }
+
+    /// Any move of `provisionStateTable`, including the bare-metal workflow moves.
+    async fn transition_node(
+        &self,
+        ctx: &Context<'_>,
+        input: TransitionNodeInput,
+    ) -> async_graphql::Result<NodeDetail> {
+        let s = services(ctx)?;
+        let id = node_id(&input.id)?;
+        let p = principal(ctx)?;
+        Ok(NodeDetail(
+            s.move_node(
+                p,
+                &id,
+                input.version,
+                input.action.into(),
+                input.reason.as_deref(),
+            )
+            .await?,
+        ))
+    }
+
+    /// Bumps `identityGeneration`: every certificate issued before stops working.
+    async fn revoke_node_identity(
+        &self,
+        ctx: &Context<'_>,
+        input: ReasonedNodeInput,
+    ) -> async_graphql::Result<NodeDetail> {
+        let s = services(ctx)?;
+        let id = node_id(&input.id)?;
+        Ok(NodeDetail(
+            s.revoke_node_identity(principal(ctx)?, &id, input.version, &input.reason)
+                .await?,
+        ))
+    }
+
+    /// Deletes a node in `adopting`, `enrolling`, `failed` or `retired`. Its history stays.
+    async fn delete_node(
+        &self,
+        ctx: &Context<'_>,
+        input: NodeVersionInput,
+    ) -> async_graphql::Result<NodeDetail> {
+        let s = services(ctx)?;
+        Ok(NodeDetail(
+            s.delete_node(principal(ctx)?, &node_id(&input.id)?, input.version)
+                .await?,
+        ))
+    }
+
+    /// `metal.enroll`: registers a bare-metal machine, which starts `enrolling`.
+    async fn enroll_node(
+        &self,
+        ctx: &Context<'_>,
+        input: EnrollNodeInput,
+    ) -> async_graphql::Result<NodeDetail> {
+        let s = services(ctx)?;
+        let site = parse_id(&input.site_id, SiteId::parse)?;
+        let pool = input
+            .pool_id
+            .as_ref()
+            .map(|p| parse_id(p, PoolId::parse))
+            .transpose()?;
+        Ok(NodeDetail(
+            s.enroll_node(principal(ctx)?, &input.hostname, &site, pool.as_ref())
+                .await?,
+        ))
+    }
+
+    async fn create_tenant(
+        &self,
+        ctx: &Context<'_>,
+        name: String,
+    ) -> async_graphql::Result<Tenant> {
+        Ok(services(ctx)?
+            .create_tenant(principal(ctx)?, &name)
+            .await?
+            .into())
+    }
+
+    async fn create_site(
+        &self,
+        ctx: &Context<'_>,
+        input: CreateSiteInput,
+    ) -> async_graphql::Result<Site> {
+        let owner = input
+            .owner_tenant_id
+            .as_ref()
+            .map(|t| parse_id(t, TenantId::parse))
+            .transpose()?;
+        Ok(services(ctx)?
+            .create_site(
+                principal(ctx)?,
+                &input.name,
+                input.kind.into(),
+                owner.as_ref(),
+            )
+            .await?
+            .into())
+    }
+
+    async fn create_pool(
+        &self,
+        ctx: &Context<'_>,
+        input: CreatePoolInput,
+    ) -> async_graphql::Result<Pool> {
+        let gpu_count = input
+            .expected_gpu_count
+            .map(|c| {
+                u32::try_from(c).map_err(|_| {
+                    ApiError::BadUserInput("expectedGpuCount must not be negative".into())
+                })
+            })
+            .transpose()?;
+        let new = NewPool {
+            site_id: parse_id(&input.site_id, SiteId::parse)?,
+            name: input.name,
+            kind: input.kind.into(),
+            agent: input.agent.into(),
+            owner_tenant_id: input
+                .owner_tenant_id
+                .as_ref()
+                .map(|t| parse_id(t, TenantId::parse))
+                .transpose()?,
+            hardware_profile: HardwareProfile {
+                gpu_count,
+                gpu_model: input.expected_gpu_model,
+            },
+            drivers: input
+                .drivers
+                .into_iter()
+                .map(|d| (d.key, d.value))
+                .collect(),
+        };
+        Ok(services(ctx)?
+            .create_pool(principal(ctx)?, new)
+            .await?
+            .into())
+    }
+}

@@ -1,0 +1,11 @@
+//! The Better Compute control plane server. See ARCHITECTURE.md for the map.
+
+pub mod app;
+pub mod auth;
+pub mod config;
+pub mod error;
+pub mod graphql;
+pub mod http;
+pub mod service;
+pub mod store;
+pub mod telemetry;

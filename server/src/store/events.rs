@@ -1,0 +1,91 @@
+//! The event log: one row per change, written in the transaction of the change. The
+//! sequence number is the event's id and the resume cursor.
+
+use bc_core::Actor;
+use bc_core::event::Change;
+use bc_core::ids::EventId;
+use bc_core::node::NodeRecord;
+use bc_entity::event;
+use chrono::{DateTime, Utc};
+use sea_orm::ActiveValue::{NotSet, Set};
+use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+
+use super::rows::{StoredEvent, stored_event};
+
+/// Appends one event per change of `node`.
+pub async fn append_node_changes(
+    conn: &impl ConnectionTrait,
+    node: &NodeRecord,
+    changes: &[Change],
+    actor: &Actor,
+    cause: Option<&str>,
+    now: DateTime<Utc>,
+) -> Result<(), sea_orm::DbErr> {
+    if changes.is_empty() {
+        return Ok(());
+    }
+    let rows = changes.iter().map(|change| event::ActiveModel {
+        seq: NotSet,
+        node_id: Set(Some(node.id.to_string())),
+        tenant_id: Set(node.owner_tenant_id.as_ref().map(ToString::to_string)),
+        event_type: Set(change.event_type.to_owned()),
+        axis: Set(Some(change.axis.to_string())),
+        from_value: Set(change.from.clone()),
+        to_value: Set(change.to.clone()),
+        actor: Set(actor.to_string()),
+        cause: Set(cause.map(str::to_owned)),
+        data: Set(serde_json::json!({ "detail": change.detail, "version": node.version })),
+        created_at: Set(now),
+    });
+    event::Entity::insert_many(rows)
+        .exec_without_returning(conn)
+        .await?;
+    Ok(())
+}
+
+/// Appends one event that is not about a single node axis (a tenant, site or pool created).
+pub async fn append_other(
+    conn: &impl ConnectionTrait,
+    event_type: &str,
+    tenant_id: Option<&str>,
+    actor: &Actor,
+    data: serde_json::Value,
+    now: DateTime<Utc>,
+) -> Result<(), sea_orm::DbErr> {
+    let row = event::ActiveModel {
+        seq: NotSet,
+        node_id: Set(None),
+        tenant_id: Set(tenant_id.map(str::to_owned)),
+        event_type: Set(event_type.to_owned()),
+        axis: Set(None),
+        from_value: Set(None),
+        to_value: Set(None),
+        actor: Set(actor.to_string()),
+        cause: Set(None),
+        data: Set(data),
+        created_at: Set(now),
+    };
+    event::Entity::insert(row)
+        .exec_without_returning(conn)
+        .await?;
+    Ok(())
+}
+
+/// A node's events, newest first, `limit` of them, older than `before` if given.
+pub async fn for_node(
+    conn: &impl ConnectionTrait,
+    node_id: &str,
+    before: Option<EventId>,
+    limit: u64,
+) -> Result<Vec<StoredEvent>, sea_orm::DbErr> {
+    let mut select = event::Entity::find().filter(event::Column::NodeId.eq(node_id));
+    if let Some(before) = before {
+        select = select.filter(event::Column::Seq.lt(before.0));
+    }
+    let rows = select
+        .order_by_desc(event::Column::Seq)
+        .limit(limit)
+        .all(conn)
+        .await?;
+    Ok(rows.into_iter().map(stored_event).collect())
+}

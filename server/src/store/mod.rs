@@ -1,0 +1,172 @@
+//! Persistence: the only module that knows about tables.
+//!
+//! Storage rows (`bc_entity`) and domain types (`bc_core`) are mapped explicitly in [`rows`];
+//! nothing above this module sees a row. Every write happens in a [`WriteTxn`], and every
+//! change to a node is written together with its events and its `noScheduleReasons`.
+
+pub mod catalog;
+pub mod events;
+pub mod nodes;
+pub mod rows;
+pub mod schedule_sql;
+
+use bc_migration::{Migrator, MigratorTrait};
+use sea_orm::sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
+use sea_orm::{
+    ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DatabaseTransaction, DbBackend,
+    SqliteTransactionMode, TransactionOptions, TransactionTrait,
+};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{Mutex, OwnedMutexGuard};
+
+use crate::config::DatabaseConfig;
+
+/// How long SQLite waits for a lock held by another process before giving up. Writers in
+/// this process queue on [`Store::sqlite_write_lock`] instead and never reach this.
+const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Clone)]
+pub struct Store {
+    db: DatabaseConnection,
+    /// SQLite allows one writer at a time, and several connections that race for it starve
+    /// each other (multi-second tails, busy errors). Funnelling this process's write
+    /// transactions through one fair lock is as fast and keeps latency flat.
+    sqlite_write_lock: Option<Arc<Mutex<()>>>,
+}
+
+/// A write transaction, holding the SQLite write lock (if any) until it ends.
+pub struct WriteTxn {
+    pub txn: DatabaseTransaction,
+    _guard: Option<OwnedMutexGuard<()>>,
+}
+
+impl WriteTxn {
+    pub async fn commit(self) -> Result<(), sea_orm::DbErr> {
+        self.txn.commit().await
+    }
+}
+
+impl std::ops::Deref for WriteTxn {
+    type Target = DatabaseTransaction;
+    fn deref(&self) -> &DatabaseTransaction {
+        &self.txn
+    }
+}
+
+impl Store {
+    /// Connects to `url` (`sqlite://…` or `postgres://…`).
+    pub async fn connect(url: &str, config: &DatabaseConfig) -> anyhow::Result<Store> {
+        let mut options = ConnectOptions::new(url.to_owned());
+        options
+            .max_connections(config.max_connections)
+            .acquire_timeout(Duration::from_secs(config.acquire_timeout_secs))
+            .sqlx_logging(false)
+            .map_sqlx_sqlite_opts(|opts: SqliteConnectOptions| {
+                opts.journal_mode(SqliteJournalMode::Wal)
+                    // In WAL mode NORMAL never corrupts the database; a power cut may lose the
+                    // last transactions. That is the trade the embedded default makes for 20x
+                    // the write rate; production runs on PostgreSQL.
+                    .synchronous(SqliteSynchronous::Normal)
+                    .foreign_keys(true)
+                    .busy_timeout(SQLITE_BUSY_TIMEOUT)
+            });
+        if url.starts_with("sqlite:") {
+            if let Some(path) = sqlite_path(url) {
+                if let Some(dir) = std::path::Path::new(path).parent() {
+                    std::fs::create_dir_all(dir)?;
+                }
+            }
+        }
+        let db = Database::connect(options).await?;
+        let sqlite_write_lock =
+            (db.get_database_backend() == DbBackend::Sqlite).then(|| Arc::new(Mutex::new(())));
+        Ok(Store {
+            db,
+            sqlite_write_lock,
+        })
+    }
+
+    /// Runs pending migrations.
+    pub async fn migrate(&self) -> anyhow::Result<()> {
+        Migrator::up(&self.db, None).await?;
+        Ok(())
+    }
+
+    pub fn db(&self) -> &DatabaseConnection {
+        &self.db
+    }
+
+    pub fn backend(&self) -> DbBackend {
+        self.db.get_database_backend()
+    }
+
+    /// Starts a write transaction. On SQLite it takes the write lock first and begins
+    /// IMMEDIATE, so a transaction never fails half-way when it upgrades from read to write.
+    pub async fn write(&self) -> Result<WriteTxn, sea_orm::DbErr> {
+        match &self.sqlite_write_lock {
+            Some(lock) => {
+                let guard = lock.clone().lock_owned().await;
+                let txn = self
+                    .db
+                    .begin_with_options(TransactionOptions {
+                        sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
+                        ..TransactionOptions::default()
+                    })
+                    .await?;
+                Ok(WriteTxn {
+                    txn,
+                    _guard: Some(guard),
+                })
+            }
+            None => Ok(WriteTxn {
+                txn: self.db.begin().await?,
+                _guard: None,
+            }),
+        }
+    }
+
+    /// Whether the database answers (`/readyz`).
+    pub async fn ping(&self) -> bool {
+        self.db.ping().await.is_ok()
+    }
+
+    /// Connections open and idle in the pool, for `/metrics`.
+    pub fn pool_stats(&self) -> (u32, usize) {
+        match self.backend() {
+            DbBackend::Postgres => {
+                let pool = self.db.get_postgres_connection_pool();
+                (pool.size(), pool.num_idle())
+            }
+            DbBackend::Sqlite => {
+                let pool = self.db.get_sqlite_connection_pool();
+                (pool.size(), pool.num_idle())
+            }
+            _ => (0, 0),
+        }
+    }
+
+    pub async fn close(self) {
+        if let Err(err) = self.db.close().await {
+            tracing::warn!(error = %err, "closing the database pool failed");
+        }
+    }
+}
+
+fn sqlite_path(url: &str) -> Option<&str> {
+    let rest = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))?;
+    let path = rest.split('?').next()?;
+    (!path.is_empty() && path != ":memory:").then_some(path)
+}
+
+/// Applies `FOR UPDATE` where the database has it. SQLite has no row locks: the write
+/// transaction already holds the database's single write lock.
+pub fn lock_for_update<S: sea_orm::QuerySelect>(select: S, conn: &impl ConnectionTrait) -> S {
+    if conn.get_database_backend() == DbBackend::Postgres {
+        select.lock_exclusive()
+    } else {
+        select
+    }
+}
