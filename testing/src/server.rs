@@ -1,0 +1,248 @@
+//! [`TestServer`]: the control plane on a fresh database, on a free loopback port.
+
+use anyhow::Context;
+use bc_core::clock::ManualClock;
+use better_compute::app::{self, RunningServer};
+use better_compute::auth::Role;
+use better_compute::config::Config;
+use bc_core::ids::TenantId;
+use chrono::{Duration, Utc};
+use sea_orm::{ConnectionTrait, Database};
+use serde_json::{Value, json};
+use std::sync::Arc;
+
+/// A database backend the server supports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// The PostgreSQL server tests create their databases on. CI and every developer machine
+/// have one at this address; override with `BC_TEST_POSTGRES_URL`.
+pub const DEFAULT_POSTGRES_ADMIN_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+
+impl Backend {
+    /// The backends to test: `BC_TEST_BACKENDS=sqlite` (or `postgres`) narrows the default
+    /// of both.
+    pub fn selected() -> Vec<Backend> {
+        match std::env::var("BC_TEST_BACKENDS").ok().as_deref() {
+            Some("sqlite") => vec![Backend::Sqlite],
+            Some("postgres") => vec![Backend::Postgres],
+            _ => vec![Backend::Sqlite, Backend::Postgres],
+        }
+    }
+
+    pub fn postgres_admin_url() -> String {
+        std::env::var("BC_TEST_POSTGRES_URL").unwrap_or_else(|_| DEFAULT_POSTGRES_ADMIN_URL.to_owned())
+    }
+}
+
+/// A database that exists for one test and is dropped afterwards.
+pub struct TestDatabase {
+    pub backend: Backend,
+    pub url: String,
+    postgres_name: Option<String>,
+    _dir: tempfile::TempDir,
+}
+
+impl TestDatabase {
+    pub async fn create(backend: Backend) -> anyhow::Result<TestDatabase> {
+        let dir = tempfile::tempdir()?;
+        match backend {
+            Backend::Sqlite => Ok(TestDatabase {
+                backend,
+                url: format!("sqlite://{}?mode=rwc", dir.path().join("test.db").display()),
+                postgres_name: None,
+                _dir: dir,
+            }),
+            Backend::Postgres => {
+                let name = format!("bc_test_{}", uuid::Uuid::new_v4().simple());
+                let admin_url = Backend::postgres_admin_url();
+                let admin = Database::connect(&admin_url)
+                    .await
+                    .with_context(|| format!("connecting to PostgreSQL at {admin_url} (set BC_TEST_POSTGRES_URL)"))?;
+                admin.execute_unprepared(&format!("CREATE DATABASE {name}")).await?;
+                admin.close().await?;
+                let base = admin_url.rsplit_once('/').map_or(admin_url.as_str(), |(base, _)| base);
+                Ok(TestDatabase { backend, url: format!("{base}/{name}"), postgres_name: Some(name), _dir: dir })
+            }
+        }
+    }
+
+    /// Drops the PostgreSQL database (SQLite's file goes with its temporary directory).
+    pub async fn drop_database(self) -> anyhow::Result<()> {
+        if let Some(name) = &self.postgres_name {
+            let admin = Database::connect(&Backend::postgres_admin_url()).await?;
+            admin.execute_unprepared(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await?;
+            admin.close().await?;
+        }
+        Ok(())
+    }
+}
+
+/// A GraphQL response: HTTP status and body.
+#[derive(Debug, Clone)]
+pub struct Gql {
+    pub status: u16,
+    pub body: Value,
+}
+
+impl Gql {
+    /// `data`, panicking with the whole response if there were errors.
+    #[track_caller]
+    pub fn data(&self) -> &Value {
+        assert!(self.body.get("errors").is_none_or(Value::is_null), "unexpected errors: {:#}", self.body);
+        &self.body["data"]
+    }
+
+    /// The `extensions.code` of the first error, if any.
+    pub fn code(&self) -> Option<&str> {
+        self.body["errors"][0]["extensions"]["code"].as_str()
+    }
+
+    /// The first error, panicking if there is none.
+    #[track_caller]
+    pub fn error(&self) -> &Value {
+        let err = &self.body["errors"][0];
+        assert!(!err.is_null(), "expected an error, got {:#}", self.body);
+        err
+    }
+}
+
+/// The JWT secret test servers sign with.
+const TEST_SECRET: &str = "better-compute-test-secret-0123456789abcdef";
+
+/// A running server on its own database.
+pub struct TestServer {
+    pub backend: Backend,
+    pub clock: ManualClock,
+    pub server: RunningServer,
+    database: TestDatabase,
+    client: reqwest::Client,
+    admin_token: String,
+}
+
+impl TestServer {
+    pub async fn start(backend: Backend) -> anyhow::Result<TestServer> {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let database = TestDatabase::create(backend).await?;
+        let config = Config {
+            listen: "127.0.0.1:0".parse()?,
+            database_url: Some(database.url.clone()),
+            auth: better_compute::config::AuthConfig {
+                jwt_secret: Some(TEST_SECRET.to_owned()),
+                ..Default::default()
+            },
+            ..Config::default()
+        };
+        let clock = ManualClock::new(bc_core::clock::Clock::now(&bc_core::clock::SystemClock));
+        let server = app::start(&config, Arc::new(clock.clone())).await?;
+        let admin_token = server.keys.mint("test-admin", &[Role::Admin], None, Duration::hours(1), Utc::now())?;
+        Ok(TestServer { backend, clock, server, database, client: reqwest::Client::new(), admin_token })
+    }
+
+    pub fn url(&self) -> String {
+        self.server.url()
+    }
+
+    /// A platform token with `role`.
+    pub fn token(&self, role: Role) -> String {
+        self.mint(&format!("test-{role}"), role, None, Duration::hours(1))
+    }
+
+    /// A token of any shape, signed with the server's secret.
+    pub fn mint(&self, subject: &str, role: Role, tenant: Option<&TenantId>, ttl: Duration) -> String {
+        self.server.keys.mint(subject, &[role], tenant, ttl, Utc::now()).expect("minting a test token")
+    }
+
+    pub fn admin_token(&self) -> &str {
+        &self.admin_token
+    }
+
+    /// POSTs one GraphQL operation with `token` (none: no Authorization header).
+    pub async fn gql(&self, token: Option<&str>, query: &str, variables: Value) -> Gql {
+        let mut request = self.client.post(format!("{}/graphql", self.url())).json(&json!({
+            "query": query,
+            "variables": variables,
+        }));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().await.expect("the test server answers");
+        let status = response.status().as_u16();
+        let body = response.json::<Value>().await.expect("a JSON body");
+        Gql { status, body }
+    }
+
+    /// Runs an operation as the test admin and returns its `data`, panicking on errors.
+    pub async fn admin(&self, query: &str, variables: Value) -> Value {
+        self.gql(Some(&self.admin_token), query, variables).await.data().clone()
+    }
+
+    /// GETs a plain path such as `/healthz`.
+    pub async fn get(&self, path: &str) -> (u16, String) {
+        let response = self.client.get(format!("{}{path}", self.url())).send().await.expect("the test server answers");
+        (response.status().as_u16(), response.text().await.unwrap_or_default())
+    }
+
+    /// A platform site and a `metal-host` pool on it, through the API. Returns their ids.
+    pub async fn site_and_pool(&self, expected_gpus: i32) -> (String, String) {
+        let site = self
+            .admin(
+                "mutation($name: String!) { createSite(input: {name: $name, kind: PLATFORM}) { id } }",
+                json!({ "name": format!("site-{}", uuid::Uuid::new_v4().simple()) }),
+            )
+            .await["createSite"]["id"]
+            .as_str()
+            .expect("site id")
+            .to_owned();
+        let pool = self
+            .admin(
+                "mutation($site: ID!, $gpus: Int) { createPool(input: {siteId: $site, name: \"gpu\", kind: METAL_HOST, expectedGpuCount: $gpus}) { id } }",
+                json!({ "site": site, "gpus": expected_gpus }),
+            )
+            .await["createPool"]["id"]
+            .as_str()
+            .expect("pool id")
+            .to_owned();
+        (site, pool)
+    }
+
+    /// Enrols a node through the API (`enrollNode`); it starts `enrolling`.
+    pub async fn enroll(&self, site: &str, pool: &str, hostname: &str) -> Value {
+        self.admin(
+            "mutation($site: ID!, $pool: ID, $host: String!) { enrollNode(input: {siteId: $site, poolId: $pool, hostname: $host}) { id version provisionState } }",
+            json!({ "site": site, "pool": pool, "host": hostname }),
+        )
+        .await["enrollNode"]
+        .clone()
+    }
+
+    /// Writes a node straight into storage, in any state: the fixture for tests that need
+    /// states the API cannot reach quickly (or at all before joining exists).
+    pub async fn insert_node(&self, node: &bc_core::node::NodeRecord) {
+        let txn = self.server.services.store.write().await.expect("a write transaction");
+        better_compute::store::nodes::insert(&*txn, node).await.expect("inserting a node");
+        txn.commit().await.expect("committing");
+    }
+
+    /// Stops the server and drops its database.
+    pub async fn stop(self) {
+        self.server.shutdown().await.expect("a clean shutdown");
+        self.database.drop_database().await.expect("dropping the test database");
+    }
+}
+
+/// Runs `test` against a fresh server on each selected backend, stopping each server
+/// (and dropping its database) afterwards.
+pub async fn each_backend<F>(test: F)
+where
+    F: AsyncFn(&TestServer),
+{
+    for backend in Backend::selected() {
+        let server = TestServer::start(backend).await.unwrap_or_else(|err| panic!("starting a {backend:?} test server: {err:#}"));
+        test(&server).await;
+        server.stop().await;
+    }
+}
