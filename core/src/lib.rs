@@ -17,6 +17,7 @@ pub mod error;
 pub mod event;
 pub mod ids;
 pub mod node;
+pub mod protocol;
 pub mod provision;
 pub mod reason;
 pub mod schedule;

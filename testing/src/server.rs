@@ -156,6 +156,14 @@ impl TestServer {
         self.server.keys.mint(subject, &[role], tenant, ttl, Utc::now()).expect("minting a test token")
     }
 
+    /// A token signed with the server's own secret but for another audience (`aud`): the
+    /// server must refuse it although its signature is good.
+    pub fn mint_for_audience(&self, subject: &str, role: Role, audience: &str, ttl: Duration) -> String {
+        better_compute::auth::TokenKeys::new(TEST_SECRET.as_bytes(), audience)
+            .and_then(|keys| keys.mint(subject, &[role], None, ttl, Utc::now()))
+            .expect("minting a test token")
+    }
+
     pub fn admin_token(&self) -> &str {
         &self.admin_token
     }
@@ -224,6 +232,15 @@ impl TestServer {
     pub async fn insert_node(&self, node: &bc_core::node::NodeRecord) {
         let txn = self.server.services.store.write().await.expect("a write transaction");
         better_compute::store::nodes::insert(&*txn, node).await.expect("inserting a node");
+        txn.commit().await.expect("committing");
+    }
+
+    /// [`TestServer::insert_node`] for many nodes, in one transaction.
+    pub async fn insert_nodes(&self, nodes: &[bc_core::node::NodeRecord]) {
+        let txn = self.server.services.store.write().await.expect("a write transaction");
+        for node in nodes {
+            better_compute::store::nodes::insert(&*txn, node).await.expect("inserting a node");
+        }
         txn.commit().await.expect("committing");
     }
 

@@ -114,9 +114,8 @@ impl Services {
         Ok(events::for_node(self.store.db(), node.id.as_str(), before, limit).await?)
     }
 
-    /// The common shape of every node mutation: lock the row, check visibility and version,
-    /// apply `change`, and, if anything changed, write the node with `version + 1` and one
-    /// event per change, all in one transaction.
+    /// The common shape of every node mutation by a person: check the role, then
+    /// [`Services::apply_node_change`] with the principal's visibility and version.
     pub async fn change_node<F>(
         &self,
         principal: &Principal,
@@ -127,45 +126,55 @@ impl Services {
         change: F,
     ) -> ApiResult<NodeDetail>
     where
-        F: FnOnce(
-            &mut NodeRecord,
-            &Actor,
-            DateTime<Utc>,
-        ) -> Result<Vec<Change>, bc_core::DomainError>,
+        F: FnOnce(&mut NodeRecord, &Actor, DateTime<Utc>) -> Result<Vec<Change>, bc_core::DomainError>,
     {
         principal.require(required)?;
-        let actor = principal.actor();
+        let visible = |n: &NodeRecord| principal.can_see(n.owner_tenant_id.as_ref());
+        let after = self
+            .apply_node_change(&principal.actor(), id, Some(expected_version), &visible, cause, change)
+            .await?;
+        self.detail_of(vec![after]).await?.pop().ok_or_else(|| not_found(id))
+    }
+
+    /// Lock the row, check visibility and (if given) the version, apply `change`, and, if
+    /// anything changed, write the node with `version + 1` and one event per change, all in
+    /// one transaction. Controllers call this directly with their own actor and no version.
+    pub async fn apply_node_change<F>(
+        &self,
+        actor: &Actor,
+        id: &NodeId,
+        expected_version: Option<i64>,
+        visible: &(dyn Fn(&NodeRecord) -> bool + Send + Sync),
+        cause: &str,
+        change: F,
+    ) -> ApiResult<NodeRecord>
+    where
+        F: FnOnce(&mut NodeRecord, &Actor, DateTime<Utc>) -> Result<Vec<Change>, bc_core::DomainError>,
+    {
         let txn = self.store.write().await?;
         let before = nodes::load(&*txn, id, true)
             .await?
-            .filter(|n| n.deleted_at.is_none() && principal.can_see(n.owner_tenant_id.as_ref()))
+            .filter(|n| n.deleted_at.is_none() && visible(n))
             .ok_or_else(|| not_found(id))?;
-        before.expect_version(expected_version)?;
+        if let Some(expected) = expected_version {
+            before.expect_version(expected)?;
+        }
         let now = self.clock.now();
         let mut after = before.clone();
-        let changes = change(&mut after, &actor, now)?;
+        let changes = change(&mut after, actor, now)?;
         if !changes.is_empty() {
             after.version = before.version + 1;
             after.updated_at = now;
             if !nodes::save(&*txn, &before, &after).await? {
                 // Only reachable where the row was not locked; report what is there now.
-                let current = nodes::load(self.store.db(), id, false)
-                    .await?
-                    .map_or(before.version, |n| n.version);
-                return Err(ApiError::Conflict {
-                    expected: expected_version,
-                    current,
-                });
+                let current = nodes::load(self.store.db(), id, false).await?.map_or(before.version, |n| n.version);
+                return Err(ApiError::Conflict { expected: expected_version.unwrap_or(before.version), current });
             }
-            events::append_node_changes(&*txn, &after, &changes, &actor, Some(cause), now).await?;
+            events::append_node_changes(&*txn, &after, &changes, actor, Some(cause), now).await?;
         }
         txn.commit().await?;
-        metrics::counter!("bc_node_changes_total", "cause" => cause.to_owned())
-            .increment(changes.len() as u64);
-        self.detail_of(vec![after])
-            .await?
-            .pop()
-            .ok_or_else(|| not_found(id))
+        metrics::counter!("bc_node_changes_total", "cause" => cause.to_owned()).increment(changes.len() as u64);
+        Ok(after)
     }
 
     pub async fn cordon_node(
