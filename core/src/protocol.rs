@@ -80,6 +80,21 @@ pub enum DaemonMessage {
     /// "I am alive"; every `heartbeatIntervalSecs`.
     #[serde(rename_all = "camelCase")]
     Heartbeat { seq: u64 },
+    /// One inventory section the gateway asked for in `welcome.wantSections`. `hash` must be
+    /// [`section_hash`] of `content`.
+    #[serde(rename_all = "camelCase")]
+    Inventory { section: String, hash: String, content: serde_json::Value },
+}
+
+/// The hash of an inventory section: SHA-256 (hex) over its canonical JSON form (object keys
+/// sorted, no insignificant whitespace), so equal content always hashes equal whatever order
+/// the daemon wrote it in.
+pub fn section_hash(content: &serde_json::Value) -> String {
+    use sha2::{Digest, Sha256};
+    // serde_json's map is ordered by key (the `preserve_order` feature is off), so
+    // serialising a `Value` is canonical.
+    let canonical = serde_json::to_vec(content).unwrap_or_default();
+    hex::encode(Sha256::digest(&canonical))
 }
 
 /// Gateway → daemon.
@@ -141,6 +156,10 @@ mod tests {
             serde_json::from_str::<DaemonMessage>(r#"{"type":"heartbeat","seq":7}"#).ok(),
             Some(DaemonMessage::Heartbeat { seq: 7 })
         );
+        let a: serde_json::Value = serde_json::from_str(r#"{"b":1,"a":[1,2]}"#).expect("json");
+        let b: serde_json::Value = serde_json::from_str(r#"{ "a": [1, 2], "b": 1 }"#).expect("json");
+        assert_eq!(section_hash(&a), section_hash(&b));
+        assert_ne!(section_hash(&a), section_hash(&serde_json::json!({"a": [2, 1], "b": 1})));
         for garbage in [r#"{"type":"reboot"}"#, r#"{"type":"heartbeat"}"#, r#"{"type":"heartbeat","seq":1,"x":2}"#, "nope"] {
             assert!(serde_json::from_str::<DaemonMessage>(garbage).is_err(), "{garbage}");
         }
