@@ -15,6 +15,7 @@ pub mod catalog;
 pub mod clock;
 pub mod error;
 pub mod event;
+pub mod hardware;
 pub mod ids;
 pub mod node;
 pub mod protocol;

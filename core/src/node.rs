@@ -565,6 +565,36 @@ impl NodeRecord {
         changes
     }
 
+    /// The daemon reports the spec generation it converged. It may only move forward, and
+    /// never past the generation the control plane asked for.
+    pub fn report_observed_generation(
+        &mut self,
+        observed: i64,
+    ) -> Result<Vec<Change>, DomainError> {
+        if observed == self.observed_generation {
+            return Ok(Vec::new());
+        }
+        if observed < 0 || observed > self.generation {
+            return Err(DomainError::BadInput(format!(
+                "observedGeneration {observed} is outside 0..={} (the node's spec generation)",
+                self.generation
+            )));
+        }
+        if observed < self.observed_generation {
+            // A daemon restarted from an older state; it will converge again. Keep the
+            // highest generation seen rather than going backwards.
+            return Ok(Vec::new());
+        }
+        let from = self.observed_generation;
+        self.observed_generation = observed;
+        Ok(vec![Change::new(
+            "node.observed_generation",
+            Axis::ObservedGeneration,
+            Some(from.to_string()),
+            Some(observed.to_string()),
+        )])
+    }
+
     /// `nodes.revokeIdentity` (and every other identity replacement): certificates of the
     /// old generation never work again.
     pub fn bump_identity_generation(&mut self, why: &str) -> Vec<Change> {

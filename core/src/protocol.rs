@@ -83,7 +83,11 @@ pub enum DaemonMessage {
     /// One inventory section the gateway asked for in `welcome.wantSections`. `hash` must be
     /// [`section_hash`] of `content`.
     #[serde(rename_all = "camelCase")]
-    Inventory { section: String, hash: String, content: serde_json::Value },
+    Inventory {
+        section: String,
+        hash: String,
+        content: serde_json::Value,
+    },
 }
 
 /// The hash of an inventory section: SHA-256 (hex) over its canonical JSON form (object keys
@@ -125,7 +129,9 @@ pub struct NodeSpec {
 }
 
 /// The inventory sections of NodeInventory v1, in the order the daemon reports them.
-pub const INVENTORY_SECTIONS: &[&str] = &["system", "gpus", "cpu", "memory", "network", "disks", "drivers"];
+pub const INVENTORY_SECTIONS: &[&str] = &[
+    "system", "gpus", "cpu", "memory", "network", "disks", "drivers",
+];
 
 /// Why the gateway closed a session, as sent in the WebSocket close frame.
 pub mod close {
@@ -150,18 +156,32 @@ mod tests {
         };
         assert_eq!(
             serde_json::to_string(&hello).ok().as_deref(),
-            Some(r#"{"type":"hello","daemonVersion":"0.1.0","inventoryHashes":{"gpus":"abc"},"observedGeneration":0}"#)
+            Some(
+                r#"{"type":"hello","daemonVersion":"0.1.0","inventoryHashes":{"gpus":"abc"},"observedGeneration":0}"#
+            )
         );
         assert_eq!(
             serde_json::from_str::<DaemonMessage>(r#"{"type":"heartbeat","seq":7}"#).ok(),
             Some(DaemonMessage::Heartbeat { seq: 7 })
         );
         let a: serde_json::Value = serde_json::from_str(r#"{"b":1,"a":[1,2]}"#).expect("json");
-        let b: serde_json::Value = serde_json::from_str(r#"{ "a": [1, 2], "b": 1 }"#).expect("json");
+        let b: serde_json::Value =
+            serde_json::from_str(r#"{ "a": [1, 2], "b": 1 }"#).expect("json");
         assert_eq!(section_hash(&a), section_hash(&b));
-        assert_ne!(section_hash(&a), section_hash(&serde_json::json!({"a": [2, 1], "b": 1})));
-        for garbage in [r#"{"type":"reboot"}"#, r#"{"type":"heartbeat"}"#, r#"{"type":"heartbeat","seq":1,"x":2}"#, "nope"] {
-            assert!(serde_json::from_str::<DaemonMessage>(garbage).is_err(), "{garbage}");
+        assert_ne!(
+            section_hash(&a),
+            section_hash(&serde_json::json!({"a": [2, 1], "b": 1}))
+        );
+        for garbage in [
+            r#"{"type":"reboot"}"#,
+            r#"{"type":"heartbeat"}"#,
+            r#"{"type":"heartbeat","seq":1,"x":2}"#,
+            "nope",
+        ] {
+            assert!(
+                serde_json::from_str::<DaemonMessage>(garbage).is_err(),
+                "{garbage}"
+            );
         }
     }
 }

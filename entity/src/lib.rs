@@ -5,8 +5,10 @@
 //! `DateTime<Utc>`. The schema itself is owned by `bc-migration`.
 
 pub mod event;
+pub mod join_token;
 pub mod node;
 pub mod node_condition;
+pub mod node_inventory_section;
 pub mod node_label;
 pub mod node_no_schedule_reason;
 pub mod node_session;

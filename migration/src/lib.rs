@@ -15,6 +15,7 @@ pub use sea_orm_migration::MigratorTrait;
 use sea_orm_migration::prelude::*;
 
 mod m20261202_000001_initial;
+mod m20261202_000002_join_and_inventory;
 
 /// Runs every migration in order; see [`MigratorTrait`] for `up`/`down`/`status`.
 pub struct Migrator;
@@ -22,6 +23,9 @@ pub struct Migrator;
 #[async_trait::async_trait]
 impl MigratorTrait for Migrator {
     fn migrations() -> Vec<Box<dyn MigrationTrait>> {
-        vec![Box::new(m20261202_000001_initial::Migration)]
+        vec![
+            Box::new(m20261202_000001_initial::Migration),
+            Box::new(m20261202_000002_join_and_inventory::Migration),
+        ]
     }
 }

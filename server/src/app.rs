@@ -10,6 +10,7 @@ use tokio::task::JoinHandle;
 
 use crate::auth::TokenKeys;
 use crate::config::Config;
+use crate::controllers::{self, ControllerLoop};
 use crate::graphql::build_schema;
 use crate::http::{AppState, router};
 use crate::service::Services;
@@ -20,6 +21,10 @@ pub struct RunningServer {
     pub local_addr: SocketAddr,
     pub keys: Arc<TokenKeys>,
     pub services: Services,
+    /// The background controllers (Liveness, drain deadlines), while they run.
+    controllers: std::sync::Mutex<Option<ControllerLoop>>,
+    /// The daemon-facing TLS listener.
+    pub gateway: Option<crate::gateway::Gateway>,
     shutdown: Option<oneshot::Sender<()>>,
     task: JoinHandle<std::io::Result<()>>,
 }
@@ -29,8 +34,34 @@ impl RunningServer {
         format!("http://{}", self.local_addr)
     }
 
-    /// Stops accepting, lets requests in flight finish, then closes the database pool.
+    /// The gateway's base URL (`https://127.0.0.1:<port>`), where daemons join and connect.
+    pub fn gateway_url(&self) -> Option<String> {
+        self.gateway
+            .as_ref()
+            .map(|g| format!("https://{}", g.local_addr))
+    }
+
+    /// Stops the background controller loop (after the pass under way) and waits for it.
+    /// Afterwards only explicit `tick()` calls change nodes on time: what tests that drive a
+    /// `ManualClock` need when the server was started with the loop on. Idempotent.
+    pub async fn stop_controllers(&self) {
+        let running = self
+            .controllers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(running) = running {
+            running.stop().await;
+        }
+    }
+
+    /// Stops the controllers and accepting, lets requests in flight finish, then closes the
+    /// database pool.
     pub async fn shutdown(mut self) -> anyhow::Result<()> {
+        self.stop_controllers().await;
+        if let Some(gateway) = self.gateway.take() {
+            gateway.shutdown().await;
+        }
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
@@ -48,13 +79,18 @@ impl RunningServer {
 
 /// Connects to the database, runs pending migrations and starts listening.
 pub async fn start(config: &Config, clock: Arc<dyn Clock>) -> anyhow::Result<RunningServer> {
+    config.liveness.validate()?;
     let store = Store::connect(&config.database_url(), &config.database).await?;
+    let ca = Arc::new(crate::pki::Ca::load_or_create(
+        &config.ca_dir(),
+        clock.now(),
+    )?);
     store.migrate().await?;
     let keys = Arc::new(TokenKeys::new(
         &config.jwt_secret()?,
         &config.auth.audience,
     )?);
-    let services = Services::new(store, clock);
+    let services = Services::new(store, clock.clone(), ca);
     let schema = build_schema(Some(services.clone()), &config.graphql);
     crate::telemetry::metrics_handle();
 
@@ -73,11 +109,23 @@ pub async fn start(config: &Config, clock: Arc<dyn Clock>) -> anyhow::Result<Run
             })
             .await
     });
+    let controllers = config
+        .liveness
+        .enabled
+        .then(|| controllers::spawn(services.clone(), config.liveness.clone()));
+    let gateway = crate::gateway::Gateway::start(
+        &config.gateway,
+        services.clone(),
+        config.liveness.heartbeat_interval(),
+    )
+    .await?;
     tracing::info!(%local_addr, database = %redact(&config.database_url()), "better-compute is listening");
     Ok(RunningServer {
         local_addr,
         keys,
         services,
+        controllers: std::sync::Mutex::new(controllers),
+        gateway: Some(gateway),
         shutdown: Some(tx),
         task,
     })

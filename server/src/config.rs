@@ -21,6 +21,8 @@ pub struct Config {
     pub auth: AuthConfig,
     pub graphql: GraphqlConfig,
     pub log: LogConfig,
+    pub liveness: LivenessConfig,
+    pub gateway: crate::gateway::GatewayConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -65,6 +67,124 @@ pub struct LogConfig {
     pub filter: String,
 }
 
+/// `[liveness]`: how the Liveness controller turns missing heartbeats into `unreachable` and
+/// `lost`, and when its fleet brake stops it. See `controllers::liveness` for the rules.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LivenessConfig {
+    /// Run the background controller loop (Liveness and drain deadlines). `false` leaves
+    /// both to whoever calls their `tick()`: tests that drive time with a `ManualClock`.
+    pub enabled: bool,
+    /// How often a daemon heartbeats; the gateway tells daemons this in its `Hello` answer.
+    pub heartbeat_interval_secs: u64,
+    /// How long a node may go without a heartbeat before it is `unreachable`.
+    pub grace_secs: u64,
+    /// How long a node stays `unreachable` before it is `lost`.
+    pub lost_after_secs: u64,
+    /// How often the controllers look at the fleet.
+    pub tick_interval_secs: u64,
+    /// The fleet brake counts nodes of a site that went `unreachable` within this window.
+    pub brake_window_secs: u64,
+    /// The fleet brake trips when more than this share (0 to 1) of a site's watched nodes
+    /// would be (or recently were) marked `unreachable` within `brake_window_secs`.
+    pub brake_share: f64,
+    /// Sites with fewer watched nodes than this never trip the brake: in a small site a
+    /// single node is already a large share.
+    pub brake_min_nodes: u64,
+}
+
+/// Every daemon heartbeats this often: often enough that four missed beats still fit in
+/// the grace, rare enough that 10,000 nodes cost 1,000 small writes a second.
+pub const DEFAULT_HEARTBEAT_INTERVAL_SECS: u64 = 10;
+/// Four missed heartbeats (the brief's 40 s): one late or lost beat, a GC pause or a
+/// brief network blip never marks a node down.
+pub const DEFAULT_GRACE_SECS: u64 = 40;
+/// Ten minutes unreachable is `lost` (the brief): long enough to ride out a switch or
+/// gateway reboot, short enough that operators learn about dead machines the same hour.
+pub const DEFAULT_LOST_AFTER_SECS: u64 = 600;
+/// Half a heartbeat interval: a silent node is noticed at most 5 s after its grace ends,
+/// and each tick is a handful of indexed queries.
+pub const DEFAULT_TICK_INTERVAL_SECS: u64 = 5;
+/// A minute: long enough to see a site-wide outage that unfolds over several ticks (a
+/// switch failing port by port), short enough that unrelated failures do not add up.
+pub const DEFAULT_BRAKE_WINDOW_SECS: u64 = 60;
+/// Independent machine failures almost never take out 30 % of a site within a minute;
+/// a network partition or a control-plane fault does.
+pub const DEFAULT_BRAKE_SHARE: f64 = 0.3;
+/// Below ten nodes one failure is already 10 %+ of the site; the brake would only hide
+/// real failures there.
+pub const DEFAULT_BRAKE_MIN_NODES: u64 = 10;
+
+impl LivenessConfig {
+    /// The heartbeat interval the gateway hands to daemons.
+    pub fn heartbeat_interval(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.heartbeat_interval_secs)
+    }
+
+    pub fn grace(&self) -> chrono::Duration {
+        secs(self.grace_secs)
+    }
+
+    pub fn lost_after(&self) -> chrono::Duration {
+        secs(self.lost_after_secs)
+    }
+
+    pub fn tick_interval(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.tick_interval_secs)
+    }
+
+    pub fn brake_window(&self) -> chrono::Duration {
+        secs(self.brake_window_secs)
+    }
+
+    /// Refuses settings that would make the controller misbehave rather than fail loudly.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.heartbeat_interval_secs > 0,
+            "liveness.heartbeat_interval_secs must be at least 1"
+        );
+        anyhow::ensure!(
+            self.grace_secs > self.heartbeat_interval_secs,
+            "liveness.grace_secs ({}) must be longer than liveness.heartbeat_interval_secs ({}), \
+             or every node goes unreachable between two heartbeats",
+            self.grace_secs,
+            self.heartbeat_interval_secs
+        );
+        anyhow::ensure!(
+            self.lost_after_secs > 0,
+            "liveness.lost_after_secs must be at least 1"
+        );
+        anyhow::ensure!(
+            self.tick_interval_secs > 0,
+            "liveness.tick_interval_secs must be at least 1"
+        );
+        anyhow::ensure!(
+            self.brake_share > 0.0 && self.brake_share <= 1.0,
+            "liveness.brake_share must be above 0 and at most 1, not {}",
+            self.brake_share
+        );
+        // Every duration is later added to or subtracted from a timestamp.
+        for (key, value) in [
+            ("grace_secs", self.grace_secs),
+            ("lost_after_secs", self.lost_after_secs),
+            ("brake_window_secs", self.brake_window_secs),
+        ] {
+            anyhow::ensure!(
+                value <= MAX_DURATION_SECS,
+                "liveness.{key} must be at most {MAX_DURATION_SECS}"
+            );
+        }
+        Ok(())
+    }
+}
+
+/// A hundred years: any longer setting is a typo, and it keeps time arithmetic in range.
+const MAX_DURATION_SECS: u64 = 100 * 365 * 24 * 3600;
+
+fn secs(value: u64) -> chrono::Duration {
+    chrono::Duration::seconds(i64::try_from(value.min(MAX_DURATION_SECS)).unwrap_or(i64::MAX))
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
@@ -82,6 +202,23 @@ impl Default for Config {
             auth: AuthConfig::default(),
             graphql: GraphqlConfig::default(),
             log: LogConfig::default(),
+            gateway: crate::gateway::GatewayConfig::default(),
+            liveness: LivenessConfig::default(),
+        }
+    }
+}
+
+impl Default for LivenessConfig {
+    fn default() -> Self {
+        LivenessConfig {
+            enabled: true,
+            heartbeat_interval_secs: DEFAULT_HEARTBEAT_INTERVAL_SECS,
+            grace_secs: DEFAULT_GRACE_SECS,
+            lost_after_secs: DEFAULT_LOST_AFTER_SECS,
+            tick_interval_secs: DEFAULT_TICK_INTERVAL_SECS,
+            brake_window_secs: DEFAULT_BRAKE_WINDOW_SECS,
+            brake_share: DEFAULT_BRAKE_SHARE,
+            brake_min_nodes: DEFAULT_BRAKE_MIN_NODES,
         }
     }
 }
@@ -155,6 +292,11 @@ impl Config {
         }
     }
 
+    /// Where the CA lives: `gateway.ca_dir`, or `data_dir/ca`.
+    pub fn ca_dir(&self) -> PathBuf {
+        self.gateway.ca_dir.clone().unwrap_or_else(|| self.data_dir.join("ca"))
+    }
+
     /// The JWT secret: configured, or generated once and kept in `data_dir/jwt-secret`.
     pub fn jwt_secret(&self) -> anyhow::Result<Vec<u8>> {
         if let Some(secret) = &self.auth.jwt_secret {
@@ -176,7 +318,7 @@ impl Config {
 }
 
 /// Writes a secret readable only by its owner.
-fn write_private(path: &Path, contents: &[u8]) -> anyhow::Result<()> {
+pub(crate) fn write_private(path: &Path, contents: &[u8]) -> anyhow::Result<()> {
     use std::io::Write;
     let mut options = std::fs::OpenOptions::new();
     options.write(true).create_new(true);

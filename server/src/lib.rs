@@ -3,9 +3,12 @@
 pub mod app;
 pub mod auth;
 pub mod config;
+pub mod controllers;
 pub mod error;
+pub mod gateway;
 pub mod graphql;
 pub mod http;
+pub mod pki;
 pub mod service;
 pub mod store;
 pub mod telemetry;

@@ -121,15 +121,22 @@ pub struct TestServer {
     database: TestDatabase,
     client: reqwest::Client,
     admin_token: String,
+    _data_dir: tempfile::TempDir,
 }
 
 impl TestServer {
     pub async fn start(backend: Backend) -> anyhow::Result<TestServer> {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let database = TestDatabase::create(backend).await?;
+        let data_dir = tempfile::tempdir()?;
         let config = Config {
             listen: "127.0.0.1:0".parse()?,
+            data_dir: data_dir.path().to_path_buf(),
             database_url: Some(database.url.clone()),
+            gateway: better_compute::gateway::GatewayConfig {
+                listen: "127.0.0.1:0".parse()?,
+                ..Default::default()
+            },
             auth: better_compute::config::AuthConfig {
                 jwt_secret: Some(TEST_SECRET.to_owned()),
                 ..Default::default()
@@ -139,7 +146,7 @@ impl TestServer {
         let clock = ManualClock::new(bc_core::clock::Clock::now(&bc_core::clock::SystemClock));
         let server = app::start(&config, Arc::new(clock.clone())).await?;
         let admin_token = server.keys.mint("test-admin", &[Role::Admin], None, Duration::hours(1), Utc::now())?;
-        Ok(TestServer { backend, clock, server, database, client: reqwest::Client::new(), admin_token })
+        Ok(TestServer { backend, clock, server, database, client: reqwest::Client::new(), admin_token, _data_dir: data_dir })
     }
 
     pub fn url(&self) -> String {
@@ -242,6 +249,28 @@ impl TestServer {
             better_compute::store::nodes::insert(&*txn, node).await.expect("inserting a node");
         }
         txn.commit().await.expect("committing");
+    }
+
+    /// The gateway's base URL (`https://127.0.0.1:<port>`).
+    pub fn gateway_url(&self) -> String {
+        self.server.gateway_url().expect("the test server runs a gateway")
+    }
+
+    /// The control plane CA certificate (PEM) daemons trust.
+    pub fn ca_pem(&self) -> String {
+        self.server.services.ca.cert_pem().to_owned()
+    }
+
+    /// A join token for `pool` (in `site`) admitting `max_uses` joins; returns its secret.
+    pub async fn join_token(&self, site: &str, pool: Option<&str>, max_uses: i64) -> String {
+        self.admin(
+            "mutation($site: ID!, $pool: ID, $uses: Int) { createJoinToken(input: {siteId: $site, poolId: $pool, maxUses: $uses}) { secret } }",
+            json!({ "site": site, "pool": pool, "uses": max_uses }),
+        )
+        .await["createJoinToken"]["secret"]
+        .as_str()
+        .expect("a join token secret")
+        .to_owned()
     }
 
     /// Stops the server and drops its database.

@@ -138,3 +138,16 @@ pub struct CreatePoolInput {
     #[graphql(default)]
     pub drivers: Vec<LabelInput>,
 }
+
+#[derive(InputObject)]
+pub struct CreateJoinTokenInput {
+    pub site_id: ID,
+    /// Nodes joining with this token land in this pool (which decides their role).
+    pub pool_id: Option<ID>,
+    /// Default 86400 (a day); at most a year.
+    pub expires_in_seconds: Option<i64>,
+    /// Default 1 (single-use).
+    pub max_uses: Option<i64>,
+    #[graphql(default)]
+    pub description: String,
+}

@@ -2,19 +2,20 @@
 
 use async_graphql::{Context, ID, Object};
 use bc_core::catalog::HardwareProfile;
-use bc_core::ids::{NodeId, PoolId, SiteId, TenantId};
+use bc_core::ids::{JoinTokenId, NodeId, PoolId, SiteId, TenantId};
 use bc_core::provision::ProvisionMove;
 use std::collections::BTreeMap;
 
 use super::inputs::{
-    CordonNodeInput, CreatePoolInput, CreateSiteInput, DrainNodeInput, EnrollNodeInput,
-    LabelNodeInput, NodeVersionInput, ReasonedNodeInput, TaintNodeInput, TransitionNodeInput,
-    UntaintNodeInput,
+    CordonNodeInput, CreateJoinTokenInput, CreatePoolInput, CreateSiteInput, DrainNodeInput,
+    EnrollNodeInput, LabelNodeInput, NodeVersionInput, ReasonedNodeInput, TaintNodeInput,
+    TransitionNodeInput, UntaintNodeInput,
 };
-use super::types::{NodeDetail, Pool, Site, Tenant};
+use super::types::{CreatedJoinToken, JoinToken, NodeDetail, Pool, Site, Tenant};
 use super::{parse_id, principal, services};
 use crate::error::ApiError;
 use crate::service::catalog::NewPool;
+use crate::service::join::NewJoinToken;
 
 pub struct MutationRoot;
 
@@ -243,6 +244,45 @@ impl MutationRoot {
             s.enroll_node(principal(ctx)?, &input.hostname, &site, pool.as_ref())
                 .await?,
         ))
+    }
+
+    /// A join token for daemons; the secret is shown only in this answer.
+    async fn create_join_token(
+        &self,
+        ctx: &Context<'_>,
+        input: CreateJoinTokenInput,
+    ) -> async_graphql::Result<CreatedJoinToken> {
+        let s = services(ctx)?;
+        let new = NewJoinToken {
+            site_id: parse_id(&input.site_id, SiteId::parse)?,
+            pool_id: input
+                .pool_id
+                .as_ref()
+                .map(|p| parse_id(p, PoolId::parse))
+                .transpose()?,
+            lifetime: input.expires_in_seconds.map(chrono::Duration::seconds),
+            max_uses: input.max_uses,
+            description: input.description,
+        };
+        let (token, secret) = s.create_join_token(principal(ctx)?, new).await?;
+        Ok(CreatedJoinToken {
+            token: token.into(),
+            secret,
+            ca_certificate_sha256: s.ca.fingerprint().to_owned(),
+        })
+    }
+
+    /// Revokes a join token: no further joins with it.
+    async fn revoke_join_token(
+        &self,
+        ctx: &Context<'_>,
+        id: ID,
+    ) -> async_graphql::Result<JoinToken> {
+        let id = parse_id(&id, JoinTokenId::parse)?;
+        Ok(services(ctx)?
+            .revoke_join_token(principal(ctx)?, &id)
+            .await?
+            .into())
     }
 
     async fn create_tenant(

@@ -8,7 +8,7 @@ use strum::IntoEnumIterator;
 
 use super::inputs::NodeFilterInput;
 use super::types::{
-    CapacityCount, NodeDetail, Pool, PoolCapacity, ProvisionEdge, Site, Tenant, Viewer,
+    CapacityCount, JoinToken, NodeDetail, Pool, PoolCapacity, ProvisionEdge, Site, Tenant, Viewer,
 };
 use super::{page_size, parse_id, principal, services};
 use crate::error::ApiError;
@@ -122,6 +122,16 @@ impl QueryRoot {
                     buckets,
                 }
             })
+            .collect())
+    }
+
+    /// Join tokens, newest first (platform admins only).
+    async fn join_tokens(&self, ctx: &Context<'_>) -> async_graphql::Result<Vec<JoinToken>> {
+        Ok(services(ctx)?
+            .join_tokens(principal(ctx)?)
+            .await?
+            .into_iter()
+            .map(Into::into)
             .collect())
     }
 

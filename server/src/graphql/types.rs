@@ -624,3 +624,46 @@ pub struct Viewer {
     pub tenant_id: Option<ID>,
     pub expires_at: DateTime<Utc>,
 }
+
+/// A join token (never its secret).
+#[derive(SimpleObject)]
+pub struct JoinToken {
+    pub id: ID,
+    pub site_id: ID,
+    /// The pool joining nodes land in; decides their role.
+    pub pool_id: Option<ID>,
+    pub description: String,
+    pub expires_at: DateTime<Utc>,
+    pub max_uses: i64,
+    pub uses: i64,
+    pub revoked_at: Option<DateTime<Utc>>,
+    pub created_by: String,
+    pub created_at: DateTime<Utc>,
+}
+
+impl From<crate::store::gateway::JoinToken> for JoinToken {
+    fn from(t: crate::store::gateway::JoinToken) -> Self {
+        JoinToken {
+            id: ID(t.id.to_string()),
+            site_id: ID(t.site_id.to_string()),
+            pool_id: t.pool_id.map(|p| ID(p.to_string())),
+            description: t.description,
+            expires_at: t.expires_at,
+            max_uses: t.max_uses,
+            uses: t.uses,
+            revoked_at: t.revoked_at,
+            created_by: t.created_by,
+            created_at: t.created_at,
+        }
+    }
+}
+
+/// A new join token and its secret, shown this once.
+#[derive(SimpleObject)]
+pub struct CreatedJoinToken {
+    pub token: JoinToken,
+    /// `<jt_…>.<secret>`: what the daemon presents to `/v1/join`.
+    pub secret: String,
+    /// SHA-256 (hex) of the CA certificate's DER, for the daemon to pin.
+    pub ca_certificate_sha256: String,
+}

@@ -14,7 +14,7 @@ use super::Services;
 use crate::auth::{Principal, Role};
 use crate::error::{ApiError, ApiResult};
 use crate::store::rows::StoredEvent;
-use crate::store::{catalog, events, nodes};
+use crate::store::{WriteTxn, catalog, events, nodes};
 
 pub use crate::store::nodes::{CapacityRow, LabelSelector, NodeFilter};
 
@@ -126,19 +126,32 @@ impl Services {
         change: F,
     ) -> ApiResult<NodeDetail>
     where
-        F: FnOnce(&mut NodeRecord, &Actor, DateTime<Utc>) -> Result<Vec<Change>, bc_core::DomainError>,
+        F: FnOnce(
+            &mut NodeRecord,
+            &Actor,
+            DateTime<Utc>,
+        ) -> Result<Vec<Change>, bc_core::DomainError>,
     {
         principal.require(required)?;
         let visible = |n: &NodeRecord| principal.can_see(n.owner_tenant_id.as_ref());
         let after = self
-            .apply_node_change(&principal.actor(), id, Some(expected_version), &visible, cause, change)
+            .apply_node_change(
+                &principal.actor(),
+                id,
+                Some(expected_version),
+                &visible,
+                cause,
+                change,
+            )
             .await?;
-        self.detail_of(vec![after]).await?.pop().ok_or_else(|| not_found(id))
+        self.detail_of(vec![after])
+            .await?
+            .pop()
+            .ok_or_else(|| not_found(id))
     }
 
-    /// Lock the row, check visibility and (if given) the version, apply `change`, and, if
-    /// anything changed, write the node with `version + 1` and one event per change, all in
-    /// one transaction. Controllers call this directly with their own actor and no version.
+    /// [`Services::change_node_in`] in a transaction of its own. Controllers call this
+    /// directly with their own actor and no version.
     pub async fn apply_node_change<F>(
         &self,
         actor: &Actor,
@@ -149,10 +162,45 @@ impl Services {
         change: F,
     ) -> ApiResult<NodeRecord>
     where
-        F: FnOnce(&mut NodeRecord, &Actor, DateTime<Utc>) -> Result<Vec<Change>, bc_core::DomainError>,
+        F: FnOnce(
+            &mut NodeRecord,
+            &Actor,
+            DateTime<Utc>,
+        ) -> Result<Vec<Change>, bc_core::DomainError>,
     {
         let txn = self.store.write().await?;
-        let before = nodes::load(&*txn, id, true)
+        let (after, changes) = self
+            .change_node_in(&txn, actor, id, expected_version, visible, cause, change)
+            .await?;
+        txn.commit().await?;
+        self.after_node_commit(&after, &changes);
+        Ok(after)
+    }
+
+    /// The heart of every node change, inside the caller's transaction: lock the row, check
+    /// visibility and (if given) the version, apply `change`, and, if anything changed,
+    /// write the node with `version + 1` and one event per change. When the identity
+    /// generation moved, the node's open session is closed in the same transaction, so
+    /// every gateway replica refuses its next heartbeat.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn change_node_in<F>(
+        &self,
+        txn: &WriteTxn,
+        actor: &Actor,
+        id: &NodeId,
+        expected_version: Option<i64>,
+        visible: &(dyn Fn(&NodeRecord) -> bool + Send + Sync),
+        cause: &str,
+        change: F,
+    ) -> ApiResult<(NodeRecord, Vec<Change>)>
+    where
+        F: FnOnce(
+            &mut NodeRecord,
+            &Actor,
+            DateTime<Utc>,
+        ) -> Result<Vec<Change>, bc_core::DomainError>,
+    {
+        let before = nodes::load(&**txn, id, true)
             .await?
             .filter(|n| n.deleted_at.is_none() && visible(n))
             .ok_or_else(|| not_found(id))?;
@@ -165,16 +213,36 @@ impl Services {
         if !changes.is_empty() {
             after.version = before.version + 1;
             after.updated_at = now;
-            if !nodes::save(&*txn, &before, &after).await? {
+            if !nodes::save(&**txn, &before, &after).await? {
                 // Only reachable where the row was not locked; report what is there now.
-                let current = nodes::load(self.store.db(), id, false).await?.map_or(before.version, |n| n.version);
-                return Err(ApiError::Conflict { expected: expected_version.unwrap_or(before.version), current });
+                let current = nodes::load(self.store.db(), id, false)
+                    .await?
+                    .map_or(before.version, |n| n.version);
+                return Err(ApiError::Conflict {
+                    expected: expected_version.unwrap_or(before.version),
+                    current,
+                });
             }
-            events::append_node_changes(&*txn, &after, &changes, actor, Some(cause), now).await?;
+            events::append_node_changes(&**txn, &after, &changes, actor, Some(cause), now).await?;
+            if after.identity_generation != before.identity_generation {
+                crate::store::gateway::close_open_session(&**txn, id, now).await?;
+            }
         }
-        txn.commit().await?;
-        metrics::counter!("bc_node_changes_total", "cause" => cause.to_owned()).increment(changes.len() as u64);
-        Ok(after)
+        metrics::counter!("bc_node_changes_total", "cause" => cause.to_owned())
+            .increment(changes.len() as u64);
+        Ok((after, changes))
+    }
+
+    /// What follows a committed node change in this process: a replaced identity ends the
+    /// node's session here at once (other replicas notice at its next heartbeat).
+    pub(crate) fn after_node_commit(&self, after: &NodeRecord, changes: &[Change]) {
+        if changes
+            .iter()
+            .any(|c| c.axis == bc_core::event::Axis::IdentityGeneration)
+        {
+            self.sessions
+                .kick(&after.id, bc_core::protocol::close::IDENTITY_REVOKED);
+        }
     }
 
     pub async fn cordon_node(

@@ -6,6 +6,8 @@
 
 pub mod catalog;
 pub mod events;
+pub mod gateway;
+pub mod liveness;
 pub mod nodes;
 pub mod rows;
 pub mod schedule_sql;

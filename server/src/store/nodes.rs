@@ -416,7 +416,9 @@ pub async fn capacity(
         .filter(node::Column::DeletedAt.is_null())
         .filter(node::Column::PoolId.is_in(pool_ids.to_vec()))
         .group_by(node::Column::PoolId)
-        .group_by(schedule_sql::bucket())
+        // By the output column: PostgreSQL does not see the `CASE` repeated here, with its own
+        // bind parameters, as the selected expression and refuses the query.
+        .group_by(Expr::col(Alias::new("bucket")))
         .build(conn.get_database_backend());
     let mut out = Vec::new();
     for row in conn.query_all_raw(stmt).await? {

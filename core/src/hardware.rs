@@ -1,0 +1,205 @@
+//! `hardwareKey`: SHA-256 over a machine's normalised identifiers, and whether it is trusted.
+//!
+//! Firmware is full of placeholder values ("To Be Filled By O.E.M.", all-zero UUIDs), and two
+//! machines sharing such a value must never be taken for one. So placeholders are dropped, and
+//! the key is trusted (and then unique across nodes) only when at least two independent
+//! identifiers survive.
+
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// The identifier kinds we know. Each counts once towards trust however many values it has
+/// (a machine's MAC addresses are one kind of evidence, not four).
+pub const IDENTIFIER_KINDS: &[&str] = &[
+    "system-uuid",
+    "board-serial",
+    "chassis-serial",
+    "system-serial",
+    "mac",
+    "tpm-ek",
+];
+
+/// Independent identifiers needed before a hardware key is trusted.
+pub const MIN_TRUSTED_IDENTIFIERS: usize = 2;
+
+/// Values vendors ship in place of a real identifier (compared after normalisation).
+const PLACEHOLDERS: &[&str] = &[
+    "",
+    "to be filled by o.e.m.",
+    "to be filled by oem",
+    "default string",
+    "not specified",
+    "not applicable",
+    "none",
+    "null",
+    "n/a",
+    "na",
+    "0",
+    "00000000",
+    "0123456789",
+    "1234567890",
+    "system serial number",
+    "chassis serial number",
+    "base board serial number",
+    "serial",
+    "unknown",
+    "invalid",
+    "empty",
+    "xxxxxxxx",
+];
+
+/// The outcome of normalising a machine's identifiers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HardwareKey {
+    /// SHA-256 (hex) over the surviving identifiers; `None` when none survive.
+    pub key: Option<String>,
+    pub trusted: bool,
+    /// The identifiers that survived, normalised, by kind (what the key was computed from).
+    pub identifiers: BTreeMap<String, BTreeSet<String>>,
+}
+
+/// Normalises one value: trimmed, lower-case; a MAC as colon-separated hex pairs; a UUID
+/// without braces.
+fn normalise(kind: &str, raw: &str) -> Option<String> {
+    let value = raw
+        .trim()
+        .trim_matches(|c| c == '{' || c == '}')
+        .to_ascii_lowercase();
+    if PLACEHOLDERS.contains(&value.as_str()) {
+        return None;
+    }
+    // A value made of one repeated character (all zeros, all Fs, all dashes) is a placeholder.
+    let significant: Vec<char> = value
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .collect();
+    if significant.is_empty() || significant.iter().all(|c| *c == significant[0]) {
+        return None;
+    }
+    match kind {
+        "mac" => {
+            let hex: String = value.chars().filter(char::is_ascii_hexdigit).collect();
+            if hex.len() != 12 {
+                return None;
+            }
+            let bytes: Vec<String> = hex
+                .as_bytes()
+                .chunks(2)
+                .map(|p| String::from_utf8_lossy(p).into_owned())
+                .collect();
+            // Locally administered or multicast addresses belong to virtual interfaces.
+            let first = u8::from_str_radix(&bytes[0], 16).ok()?;
+            if first & 0b11 != 0 {
+                return None;
+            }
+            Some(bytes.join(":"))
+        }
+        "system-uuid" => {
+            let hex: String = value.chars().filter(char::is_ascii_hexdigit).collect();
+            (hex.len() == 32).then_some(hex)
+        }
+        _ => Some(value),
+    }
+}
+
+/// Computes the hardware key from identifiers named `<kind>` or `<kind>:<anything>` (e.g.
+/// `mac:eth0`). Unknown kinds are ignored.
+pub fn hardware_key(identifiers: &BTreeMap<String, String>) -> HardwareKey {
+    let mut by_kind: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (name, raw) in identifiers {
+        let kind = name.split(':').next().unwrap_or_default();
+        if !IDENTIFIER_KINDS.contains(&kind) {
+            continue;
+        }
+        if let Some(value) = normalise(kind, raw) {
+            by_kind.entry(kind.to_owned()).or_default().insert(value);
+        }
+    }
+    if by_kind.is_empty() {
+        return HardwareKey {
+            key: None,
+            trusted: false,
+            identifiers: by_kind,
+        };
+    }
+    let mut hasher = Sha256::new();
+    for (kind, values) in &by_kind {
+        for value in values {
+            hasher.update(kind.as_bytes());
+            hasher.update(b"=");
+            hasher.update(value.as_bytes());
+            hasher.update(b"\n");
+        }
+    }
+    HardwareKey {
+        key: Some(hex::encode(hasher.finalize())),
+        trusted: by_kind.len() >= MIN_TRUSTED_IDENTIFIERS,
+        identifiers: by_kind,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn placeholders_are_dropped_and_two_kinds_make_it_trusted() {
+        let key = hardware_key(&ids(&[
+            ("system-uuid", "00000000-0000-0000-0000-000000000000"),
+            ("board-serial", "To Be Filled By O.E.M."),
+            ("mac:eth0", "00:00:00:00:00:00"),
+        ]));
+        assert_eq!(key.key, None);
+        assert!(!key.trusted);
+
+        let one = hardware_key(&ids(&[(
+            "system-uuid",
+            "4C4C4544-0042-3510-8051-B7C04F4E3732",
+        )]));
+        assert!(one.key.is_some() && !one.trusted);
+
+        let two = hardware_key(&ids(&[
+            ("system-uuid", "{4C4C4544-0042-3510-8051-B7C04F4E3732}"),
+            ("mac:eth0", "3C-EC-EF-12-34-56"),
+            ("mac:eth1", "3c:ec:ef:12:34:57"),
+            ("favourite-colour", "blue"),
+        ]));
+        assert!(two.trusted);
+        assert_eq!(two.identifiers["mac"].len(), 2);
+    }
+
+    #[test]
+    fn the_key_ignores_spelling_and_order() {
+        let a = hardware_key(&ids(&[
+            ("system-uuid", "4C4C4544-0042-3510-8051-B7C04F4E3732"),
+            ("board-serial", " CN7016 "),
+        ]));
+        let b = hardware_key(&ids(&[
+            ("board-serial", "cn7016"),
+            ("system-uuid", "4c4c4544004235108051b7c04f4e3732"),
+        ]));
+        assert_eq!(a.key, b.key);
+        let c = hardware_key(&ids(&[
+            ("board-serial", "cn7017"),
+            ("system-uuid", "4c4c4544004235108051b7c04f4e3732"),
+        ]));
+        assert_ne!(a.key, c.key);
+    }
+
+    #[test]
+    fn virtual_macs_do_not_count() {
+        // 0x02 in the first octet: locally administered (a bridge, a VM).
+        let key = hardware_key(&ids(&[
+            ("mac:br0", "02:42:ac:11:00:02"),
+            ("board-serial", "CN7016"),
+        ]));
+        assert!(!key.trusted);
+    }
+}

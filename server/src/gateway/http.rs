@@ -1,0 +1,136 @@
+//! The gateway's HTTPS routes.
+
+use axum::extract::{DefaultBodyLimit, State, WebSocketUpgrade};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use bc_core::protocol::{ErrorBody, JoinRequest, MAX_FRAME_BYTES, PROTOCOL, RenewRequest};
+
+use super::GatewayState;
+use crate::error::ApiError;
+use crate::pki::NodeIdentity;
+
+/// The identity in the client certificate of this connection, if it presented one.
+#[derive(Clone)]
+pub struct PeerIdentity(pub Option<NodeIdentity>);
+
+/// A join request carries a CSR and a few identifiers; anything near this is not one.
+const MAX_JOIN_BODY_BYTES: usize = 64 * 1024;
+/// Read buffer per session socket. tungstenite's default (128 KiB, zero-filled on every read)
+/// costs a lot of CPU and memory with thousands of idle sessions; bcd/v1 frames are small.
+const SESSION_READ_BUFFER_BYTES: usize = 4096;
+
+pub fn router(state: GatewayState) -> Router {
+    Router::new()
+        .route("/v1/join", post(join))
+        .route("/v1/renew", post(renew))
+        .route("/v1/session", get(session))
+        .route("/v1/ca.pem", get(ca_pem))
+        .layer(DefaultBodyLimit::max(MAX_JOIN_BODY_BYTES))
+        .with_state(state)
+}
+
+/// An error answer: the same codes as the GraphQL API, with an HTTP status.
+fn error(err: ApiError) -> Response {
+    let status = match &err {
+        ApiError::BadUserInput(_) => StatusCode::BAD_REQUEST,
+        ApiError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
+        ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
+        ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+        ApiError::Conflict { .. } | ApiError::InvalidState { .. } => StatusCode::CONFLICT,
+        ApiError::Internal(source) => {
+            tracing::error!(error = ?source, "internal error in the gateway");
+            StatusCode::INTERNAL_SERVER_ERROR
+        }
+    };
+    let body = ErrorBody {
+        code: err.code().to_owned(),
+        message: err.message(),
+    };
+    (status, Json(body)).into_response()
+}
+
+fn require_identity(peer: &PeerIdentity) -> Result<&NodeIdentity, ApiError> {
+    peer.0
+        .as_ref()
+        .ok_or_else(|| ApiError::Unauthenticated("this needs a node client certificate".into()))
+}
+
+async fn join(
+    State(state): State<GatewayState>,
+    body: Result<Json<JoinRequest>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    let Json(request) = match body {
+        Ok(body) => body,
+        Err(rejection) => {
+            return error(ApiError::BadUserInput(format!(
+                "malformed join request: {}",
+                rejection.body_text()
+            )));
+        }
+    };
+    match state.services.join(&request).await {
+        Ok(identity) => Json(identity).into_response(),
+        Err(err) => {
+            metrics::counter!("bc_joins_refused_total", "code" => err.code()).increment(1);
+            tracing::info!(code = err.code(), reason = %err.message(), hostname = %request.hostname, "join refused");
+            error(err)
+        }
+    }
+}
+
+async fn renew(
+    State(state): State<GatewayState>,
+    Extension(peer): Extension<PeerIdentity>,
+    body: Result<Json<RenewRequest>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    let identity = match require_identity(&peer) {
+        Ok(identity) => identity,
+        Err(err) => return error(err),
+    };
+    let Json(request) = match body {
+        Ok(body) => body,
+        Err(rejection) => {
+            return error(ApiError::BadUserInput(format!(
+                "malformed renew request: {}",
+                rejection.body_text()
+            )));
+        }
+    };
+    match state.services.renew(identity, &request).await {
+        Ok(issued) => Json(issued).into_response(),
+        Err(err) => error(err),
+    }
+}
+
+async fn ca_pem(State(state): State<GatewayState>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/x-pem-file")],
+        state.services.ca.cert_pem().to_owned(),
+    )
+        .into_response()
+}
+
+/// Upgrades to a bcd/v1 session after checking the certificate is of the node's current
+/// identity generation.
+async fn session(
+    State(state): State<GatewayState>,
+    Extension(peer): Extension<PeerIdentity>,
+    upgrade: WebSocketUpgrade,
+) -> Response {
+    let identity = match require_identity(&peer) {
+        Ok(identity) => identity.clone(),
+        Err(err) => return error(err),
+    };
+    if let Err(err) = state.services.current_node(&identity).await {
+        metrics::counter!("bc_gateway_sessions_refused_total", "code" => err.code()).increment(1);
+        return error(err);
+    }
+    upgrade
+        .protocols([PROTOCOL])
+        .max_message_size(MAX_FRAME_BYTES)
+        .max_frame_size(MAX_FRAME_BYTES)
+        .read_buffer_size(SESSION_READ_BUFFER_BYTES)
+        .on_upgrade(move |socket| super::session::run(state, identity, socket))
+}

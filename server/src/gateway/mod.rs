@@ -1,0 +1,166 @@
+//! The gateway: the TLS listener daemons talk to (`bcd/v1`, see PROTOCOL.md). It serves
+//! JoinService (`/v1/join`), renewal (`/v1/renew`), the CA (`/v1/ca.pem`) and sessions
+//! (`/v1/session`, a WebSocket), and always speaks TLS with optional client certificates:
+//! joining needs none, everything else needs a node certificate.
+
+mod heartbeats;
+mod http;
+mod session;
+mod tls;
+
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::service::Services;
+pub use heartbeats::HeartbeatWriter;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GatewayConfig {
+    /// Where daemons connect (TLS).
+    pub listen: SocketAddr,
+    /// Names and addresses the gateway's server certificate is valid for.
+    pub hostnames: Vec<String>,
+    /// Where the CA's certificate and key live. Unset: `data_dir/ca`. Replicas must share it.
+    pub ca_dir: Option<PathBuf>,
+    /// This gateway's id in session rows. Unset: `gw-<random>` per process start.
+    pub gateway_id: Option<String>,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        GatewayConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8443)),
+            hostnames: vec!["localhost".to_owned(), "127.0.0.1".to_owned()],
+            ca_dir: None,
+            gateway_id: None,
+        }
+    }
+}
+
+/// How long a shutting-down gateway waits for its sessions to say goodbye.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// What the gateway's handlers share.
+#[derive(Clone)]
+pub(crate) struct GatewayState {
+    pub services: Services,
+    pub gateway_id: Arc<str>,
+    pub heartbeat_interval: Duration,
+    pub heartbeats: HeartbeatWriter,
+    pub shutdown: watch::Receiver<bool>,
+}
+
+/// A running gateway.
+pub struct Gateway {
+    pub local_addr: SocketAddr,
+    pub gateway_id: String,
+    shutdown: watch::Sender<bool>,
+    task: JoinHandle<()>,
+    services: Services,
+}
+
+impl Gateway {
+    /// Binds the listener and starts accepting.
+    pub async fn start(
+        config: &GatewayConfig,
+        services: Services,
+        heartbeat_interval: Duration,
+    ) -> anyhow::Result<Gateway> {
+        let gateway_id = config
+            .gateway_id
+            .clone()
+            .unwrap_or_else(|| format!("gw-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]));
+        let tls = tls::server_config(&services.ca, &config.hostnames, services.clock.now())?;
+        let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+        let listener = TcpListener::bind(config.listen).await?;
+        let local_addr = listener.local_addr()?;
+        let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let state = GatewayState {
+            heartbeats: HeartbeatWriter::start(services.clone(), shutdown_rx.clone()),
+            services: services.clone(),
+            gateway_id: gateway_id.clone().into(),
+            heartbeat_interval,
+            shutdown: shutdown_rx.clone(),
+        };
+        let app = http::router(state);
+        let task = tokio::spawn(accept_loop(listener, acceptor, app, shutdown_rx));
+        tracing::info!(%local_addr, %gateway_id, "gateway is listening (TLS)");
+        Ok(Gateway {
+            local_addr,
+            gateway_id,
+            shutdown: shutdown_tx,
+            task,
+            services,
+        })
+    }
+
+    /// Stops accepting, tells every session goodbye, and waits (briefly) for them to end.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        self.services
+            .sessions
+            .kick_all(bc_core::protocol::close::SHUTDOWN);
+        let deadline = tokio::time::Instant::now() + SHUTDOWN_GRACE;
+        while !self.services.sessions.is_empty() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let _ = self.task.await;
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+    app: axum::Router,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let (tcp, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => pair,
+                Err(err) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(error = %err, "gateway accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = shutdown.changed() => return,
+        };
+        let _ = tcp.set_nodelay(true);
+        let acceptor = acceptor.clone();
+        let app = app.clone();
+        tokio::spawn(async move {
+            let tls = match acceptor.accept(tcp).await {
+                Ok(tls) => tls,
+                Err(err) => {
+                    metrics::counter!("bc_gateway_tls_handshake_failures_total").increment(1);
+                    tracing::debug!(%peer, error = %err, "TLS handshake refused");
+                    return;
+                }
+            };
+            let identity = tls
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|chain| chain.first())
+                .and_then(crate::pki::node_identity);
+            let app = app.layer(axum::Extension(http::PeerIdentity(identity)));
+            let service = hyper_util::service::TowerToHyperService::new(app);
+            if let Err(err) = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                .serve_connection_with_upgrades(TokioIo::new(tls), service)
+                .await
+            {
+                tracing::debug!(%peer, error = %err, "gateway connection ended with an error");
+            }
+        });
+    }
+}
