@@ -25,6 +25,8 @@ pub struct RunningServer {
     controllers: std::sync::Mutex<Option<ControllerLoop>>,
     /// The daemon-facing TLS listener.
     pub gateway: Option<crate::gateway::Gateway>,
+    /// Stops the live event feed.
+    feed_stop: tokio::sync::watch::Sender<bool>,
     shutdown: Option<oneshot::Sender<()>>,
     task: JoinHandle<std::io::Result<()>>,
 }
@@ -62,6 +64,8 @@ impl RunningServer {
         if let Some(gateway) = self.gateway.take() {
             gateway.shutdown().await;
         }
+        // Ends every subscription stream, so open WebSockets close and the server can stop.
+        let _ = self.feed_stop.send(true);
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
@@ -91,7 +95,9 @@ pub async fn start(config: &Config, clock: Arc<dyn Clock>) -> anyhow::Result<Run
         &config.auth.audience,
     )?);
     let services = Services::new(store, clock.clone(), ca);
-    let schema = build_schema(Some(services.clone()), &config.graphql);
+    let (feed_stop, feed_stopped) = tokio::sync::watch::channel(false);
+    let feed = crate::feed::Feed::start(services.clone(), feed_stopped).await?;
+    let schema = build_schema(Some((services.clone(), feed)), &config.graphql);
     crate::telemetry::metrics_handle();
 
     let listener = TcpListener::bind(config.listen).await?;
@@ -126,6 +132,7 @@ pub async fn start(config: &Config, clock: Arc<dyn Clock>) -> anyhow::Result<Run
         services,
         controllers: std::sync::Mutex::new(controllers),
         gateway: Some(gateway),
+        feed_stop,
         shutdown: Some(tx),
         task,
     })

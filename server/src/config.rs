@@ -362,4 +362,42 @@ mod tests {
             Ok(())
         });
     }
+
+    #[test]
+    fn liveness_settings_load_and_are_checked() {
+        assert!(LivenessConfig::default().validate().is_ok());
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("bc.toml", "[liveness]\ngrace_secs = 60\n")?;
+            jail.set_env("BC_LIVENESS__ENABLED", "false");
+            let config = Config::load(Some(Path::new("bc.toml"))).map_err(|e| e.to_string())?;
+            assert_eq!(config.liveness.grace(), chrono::Duration::seconds(60));
+            assert!(!config.liveness.enabled);
+            assert_eq!(
+                config.liveness.heartbeat_interval(),
+                std::time::Duration::from_secs(DEFAULT_HEARTBEAT_INTERVAL_SECS)
+            );
+            Ok(())
+        });
+        let bad = [
+            LivenessConfig {
+                grace_secs: DEFAULT_HEARTBEAT_INTERVAL_SECS,
+                ..LivenessConfig::default()
+            },
+            LivenessConfig {
+                tick_interval_secs: 0,
+                ..LivenessConfig::default()
+            },
+            LivenessConfig {
+                brake_share: 0.0,
+                ..LivenessConfig::default()
+            },
+            LivenessConfig {
+                brake_share: 1.5,
+                ..LivenessConfig::default()
+            },
+        ];
+        for config in bad {
+            assert!(config.validate().is_err(), "{config:?}");
+        }
+    }
 }

@@ -24,6 +24,10 @@ pub enum ApiError {
     Unauthenticated(String),
     Forbidden(String),
     BadUserInput(String),
+    /// A subscriber fell too far behind the live feed; it resumes from `cursor`.
+    ResumeRequired {
+        cursor: String,
+    },
     /// Never shown to the caller: the source is logged and the message is generic.
     Internal(anyhow::Error),
 }
@@ -38,6 +42,7 @@ impl ApiError {
             ApiError::Unauthenticated(_) => "UNAUTHENTICATED",
             ApiError::Forbidden(_) => "FORBIDDEN",
             ApiError::BadUserInput(_) => "BAD_USER_INPUT",
+            ApiError::ResumeRequired { .. } => "RESUME_REQUIRED",
             ApiError::Internal(_) => "INTERNAL",
         }
     }
@@ -55,6 +60,11 @@ impl ApiError {
             | ApiError::Unauthenticated(m)
             | ApiError::Forbidden(m)
             | ApiError::BadUserInput(m) => m.clone(),
+            ApiError::ResumeRequired { cursor } => {
+                format!(
+                    "the subscription fell too far behind; resubscribe with after: \"{cursor}\""
+                )
+            }
             ApiError::Internal(_) => "internal error".to_owned(),
         }
     }
@@ -108,6 +118,7 @@ impl From<ApiError> for async_graphql::Error {
             ext.set("code", err.code());
             match &err {
                 ApiError::Conflict { current, .. } => ext.set("currentVersion", *current),
+                ApiError::ResumeRequired { cursor } => ext.set("cursor", cursor.as_str()),
                 ApiError::InvalidState {
                     current,
                     attempted,

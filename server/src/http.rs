@@ -26,7 +26,7 @@ pub struct AppState {
 
 pub fn router(state: AppState) -> Router {
     Router::new()
-        .route("/graphql", get(graphiql).post(graphql))
+        .route("/graphql", get(graphql_get).post(graphql))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -71,13 +71,77 @@ fn unauthenticated(err: &ApiError) -> Response {
         .into_response()
 }
 
-async fn graphiql() -> Html<String> {
-    Html(
-        GraphiQLSource::build()
-            .endpoint("/graphql")
-            .title("Better Compute GraphQL")
-            .finish(),
-    )
+/// Read buffer per subscription socket: tungstenite's default (128 KiB, zero-filled on every
+/// read) costs ~4x the CPU per delivered event and ~20x the memory per connection, and
+/// graphql-transport-ws messages from clients are tiny (see shared/notes/performance.md).
+const SUBSCRIPTION_READ_BUFFER_BYTES: usize = 4096;
+
+/// GET `/graphql`: a WebSocket upgrade starts a `graphql-transport-ws` subscription session
+/// (the JWT travels in `connection_init`'s payload); anything else gets GraphiQL.
+async fn graphql_get(State(state): State<AppState>, request: axum::extract::Request) -> Response {
+    use axum::extract::FromRequestParts;
+    let (mut parts, _body) = request.into_parts();
+    let wants_upgrade = parts
+        .headers
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+    if !wants_upgrade {
+        return Html(
+            GraphiQLSource::build()
+                .endpoint("/graphql")
+                .subscription_endpoint("/graphql")
+                .title("Better Compute GraphQL")
+                .finish(),
+        )
+        .into_response();
+    }
+    let protocol =
+        match async_graphql_axum::GraphQLProtocol::from_request_parts(&mut parts, &state).await {
+            Ok(protocol) => protocol,
+            Err(status) => return status.into_response(),
+        };
+    let upgrade =
+        match axum::extract::WebSocketUpgrade::from_request_parts(&mut parts, &state).await {
+            Ok(upgrade) => upgrade,
+            Err(rejection) => return rejection.into_response(),
+        };
+    let schema = state.schema.clone();
+    let keys = state.keys.clone();
+    upgrade
+        .read_buffer_size(SUBSCRIPTION_READ_BUFFER_BYTES)
+        .protocols(async_graphql::http::ALL_WEBSOCKET_PROTOCOLS)
+        .on_upgrade(move |socket| async move {
+            metrics::gauge!("bc_subscription_connections").increment(1.0);
+            async_graphql_axum::GraphQLWebSocket::new(socket, schema, protocol)
+                .on_connection_init(move |payload| async move {
+                    let principal = keys
+                        .from_header(bearer_from_init(&payload).as_deref())
+                        .map_err(async_graphql::Error::from)?;
+                    let mut data = async_graphql::Data::default();
+                    data.insert(principal);
+                    Ok(data)
+                })
+                .serve()
+                .await;
+            metrics::gauge!("bc_subscription_connections").decrement(1.0);
+        })
+}
+
+/// The `Authorization` value of a `connection_init` payload: `{"Authorization": "Bearer …"}`
+/// (any case), or `{"token": "…"}`.
+fn bearer_from_init(payload: &serde_json::Value) -> Option<String> {
+    let object = payload.as_object()?;
+    object
+        .iter()
+        .find(|(key, _)| key.eq_ignore_ascii_case("authorization"))
+        .and_then(|(_, value)| value.as_str().map(str::to_owned))
+        .or_else(|| {
+            object
+                .get("token")
+                .and_then(|t| t.as_str())
+                .map(|t| format!("Bearer {t}"))
+        })
 }
 
 async fn healthz() -> &'static str {

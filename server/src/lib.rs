@@ -5,6 +5,7 @@ pub mod auth;
 pub mod config;
 pub mod controllers;
 pub mod error;
+pub mod feed;
 pub mod gateway;
 pub mod graphql;
 pub mod http;

@@ -292,8 +292,7 @@ impl LivenessController {
     /// Whether these numbers trip the brake.
     fn trips(&self, brake: Brake) -> bool {
         brake.watched >= self.config.brake_min_nodes
-            && (brake.silent + brake.recent) as f64
-                > self.config.brake_share * brake.watched as f64
+            && (brake.silent + brake.recent) as f64 > self.config.brake_share * brake.watched as f64
     }
 
     /// Writes one `site.liveness_paused`/`resumed` event, visible to the site's tenant.

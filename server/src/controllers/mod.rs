@@ -54,11 +54,7 @@ pub(crate) async fn apply<F>(
     change: F,
 ) -> Applied
 where
-    F: FnOnce(
-        &mut NodeRecord,
-        &Actor,
-        DateTime<Utc>,
-    ) -> Result<Vec<Change>, bc_core::DomainError>,
+    F: FnOnce(&mut NodeRecord, &Actor, DateTime<Utc>) -> Result<Vec<Change>, bc_core::DomainError>,
 {
     let everyone = |_: &NodeRecord| true;
     match services

@@ -6,26 +6,28 @@
 pub mod inputs;
 pub mod mutation;
 pub mod query;
+pub mod subscription;
 pub mod types;
 
-use async_graphql::{Context, EmptySubscription, Schema};
+use async_graphql::{Context, Schema};
+use std::sync::Arc;
 
 use crate::auth::Principal;
 use crate::config::GraphqlConfig;
 use crate::error::ApiError;
 use crate::service::Services;
 
-pub type AppSchema = Schema<query::QueryRoot, mutation::MutationRoot, EmptySubscription>;
+pub type AppSchema = Schema<query::QueryRoot, mutation::MutationRoot, subscription::SubscriptionRoot>;
 
 /// The schema with its limits and the services it resolves against.
-pub fn build_schema(services: Option<Services>, config: &GraphqlConfig) -> AppSchema {
-    let mut builder = Schema::build(query::QueryRoot, mutation::MutationRoot, EmptySubscription)
+pub fn build_schema(services: Option<(Services, Arc<crate::feed::Feed>)>, config: &GraphqlConfig) -> AppSchema {
+    let mut builder = Schema::build(query::QueryRoot, mutation::MutationRoot, subscription::SubscriptionRoot)
         .limit_depth(config.max_depth)
         .limit_complexity(config.max_complexity)
         .extension(crate::telemetry::GraphqlMetrics)
         .data(config.clone());
-    if let Some(services) = services {
-        builder = builder.data(services);
+    if let Some((services, feed)) = services {
+        builder = builder.data(services).data(feed);
     }
     builder.finish()
 }

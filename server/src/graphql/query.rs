@@ -187,7 +187,7 @@ impl QueryRoot {
 }
 
 /// Maps the GraphQL filter onto the storage filter, validating ids.
-fn node_filter(input: NodeFilterInput) -> Result<NodeFilter, ApiError> {
+pub(crate) fn node_filter(input: NodeFilterInput) -> Result<NodeFilter, ApiError> {
     fn ids<T>(
         raw: Option<Vec<ID>>,
         parse: fn(&str) -> Result<T, bc_core::DomainError>,
@@ -205,6 +205,7 @@ fn node_filter(input: NodeFilterInput) -> Result<NodeFilter, ApiError> {
             .collect()
     }
     Ok(NodeFilter {
+        ids: Vec::new(),
         provision_states: all(input.provision_state),
         connectivity: all(input.connectivity),
         maintenance: input.maintenance,

@@ -7,7 +7,7 @@ use bc_core::event::Change;
 use bc_core::ids::{NodeId, PoolId, SiteId};
 use bc_core::node::{NewNode, NodeDetail, NodeRecord};
 use bc_core::provision::{ENROLL_STATE, ProvisionMove};
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, SubsecRound, Utc};
 use std::collections::BTreeMap;
 
 use super::Services;
@@ -61,6 +61,16 @@ impl Services {
             nodes: self.detail_of(records).await?,
             has_next_page,
         })
+    }
+
+    /// The API views of these nodes, deleted ones included (the live feed's enrichment).
+    pub async fn node_details_by_ids(&self, ids: &[NodeId]) -> ApiResult<Vec<NodeDetail>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let filter = NodeFilter { ids: ids.to_vec(), include_deleted: true, ..NodeFilter::default() };
+        let records = nodes::list(self.store.db(), &filter, None, ids.len() as u64).await?;
+        self.detail_of(records).await
     }
 
     /// How many nodes match `filter` (what the principal may see).
@@ -283,6 +293,10 @@ impl Services {
         reason: &str,
         deadline: Option<DateTime<Utc>>,
     ) -> ApiResult<NodeDetail> {
+        // Microseconds, as PostgreSQL stores them (and as the clock gives them): otherwise
+        // the answer shows a deadline the database does not keep, and draining again with
+        // the same deadline is a change on PostgreSQL but not on SQLite.
+        let deadline = deadline.map(|d| d.trunc_subsecs(6));
         self.change_node(
             p,
             Role::Operator,

@@ -12,6 +12,27 @@ use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder
 
 use super::rows::{StoredEvent, stored_event};
 
+/// The PostgreSQL channel that announces new events to every replica. `pg_notify` is
+/// transactional: listeners hear it only when (and if) the transaction commits.
+pub const NOTIFY_CHANNEL: &str = "bc_events";
+/// The advisory lock that orders event writers (an arbitrary constant, unique to us).
+const EVENT_ORDER_LOCK: i64 = 0x6263_6576_7473;
+
+/// Makes `seq` order equal commit order on PostgreSQL, so a reader that follows
+/// `seq > last` never skips an event that commits late: the transaction takes a lock held
+/// until it commits, and only then takes its sequence numbers. The lock is taken as the
+/// last step of a change (right before its events are written), so the serialised stretch is
+/// the insert and the commit. SQLite has one writer at a time already.
+async fn order_events(conn: &impl ConnectionTrait) -> Result<(), sea_orm::DbErr> {
+    if conn.get_database_backend() == sea_orm::DbBackend::Postgres {
+        conn.execute_unprepared(&format!(
+            "SELECT pg_advisory_xact_lock({EVENT_ORDER_LOCK}); SELECT pg_notify('{NOTIFY_CHANNEL}', '')"
+        ))
+        .await?;
+    }
+    Ok(())
+}
+
 /// Appends one event per change of `node`.
 pub async fn append_node_changes(
     conn: &impl ConnectionTrait,
@@ -24,6 +45,7 @@ pub async fn append_node_changes(
     if changes.is_empty() {
         return Ok(());
     }
+    order_events(conn).await?;
     let rows = changes.iter().map(|change| event::ActiveModel {
         seq: NotSet,
         node_id: Set(Some(node.id.to_string())),
@@ -52,6 +74,7 @@ pub async fn append_other(
     data: serde_json::Value,
     now: DateTime<Utc>,
 ) -> Result<(), sea_orm::DbErr> {
+    order_events(conn).await?;
     let row = event::ActiveModel {
         seq: NotSet,
         node_id: Set(None),
@@ -69,6 +92,30 @@ pub async fn append_other(
         .exec_without_returning(conn)
         .await?;
     Ok(())
+}
+
+/// Events after `after`, oldest first, at most `limit`: the feed's read.
+pub async fn after(
+    conn: &impl ConnectionTrait,
+    after: i64,
+    limit: u64,
+) -> Result<Vec<StoredEvent>, sea_orm::DbErr> {
+    let rows = event::Entity::find()
+        .filter(event::Column::Seq.gt(after))
+        .order_by_asc(event::Column::Seq)
+        .limit(limit)
+        .all(conn)
+        .await?;
+    Ok(rows.into_iter().map(stored_event).collect())
+}
+
+/// The newest event's sequence number (0 when there is none).
+pub async fn head(conn: &impl ConnectionTrait) -> Result<i64, sea_orm::DbErr> {
+    let row = event::Entity::find()
+        .order_by_desc(event::Column::Seq)
+        .one(conn)
+        .await?;
+    Ok(row.map_or(0, |r| r.seq))
 }
 
 /// A node's events, newest first, `limit` of them, older than `before` if given.

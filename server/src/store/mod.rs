@@ -20,7 +20,7 @@ use sea_orm::{
 };
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{Mutex, OwnedMutexGuard};
+use tokio::sync::{Mutex, Notify, OwnedMutexGuard};
 
 use crate::config::DatabaseConfig;
 
@@ -35,17 +35,23 @@ pub struct Store {
     /// each other (multi-second tails, busy errors). Funnelling this process's write
     /// transactions through one fair lock is as fast and keeps latency flat.
     sqlite_write_lock: Option<Arc<Mutex<()>>>,
+    /// Woken after every committed write, so this process's event feed reads new events at
+    /// once instead of at its next poll.
+    committed: Arc<Notify>,
 }
 
 /// A write transaction, holding the SQLite write lock (if any) until it ends.
 pub struct WriteTxn {
     pub txn: DatabaseTransaction,
     _guard: Option<OwnedMutexGuard<()>>,
+    committed: Arc<Notify>,
 }
 
 impl WriteTxn {
     pub async fn commit(self) -> Result<(), sea_orm::DbErr> {
-        self.txn.commit().await
+        self.txn.commit().await?;
+        self.committed.notify_one();
+        Ok(())
     }
 }
 
@@ -86,6 +92,7 @@ impl Store {
         Ok(Store {
             db,
             sqlite_write_lock,
+            committed: Arc::default(),
         })
     }
 
@@ -119,13 +126,20 @@ impl Store {
                 Ok(WriteTxn {
                     txn,
                     _guard: Some(guard),
+                    committed: self.committed.clone(),
                 })
             }
             None => Ok(WriteTxn {
                 txn: self.db.begin().await?,
                 _guard: None,
+                committed: self.committed.clone(),
             }),
         }
+    }
+
+    /// Notified after every committed write transaction of this process.
+    pub fn committed(&self) -> Arc<Notify> {
+        self.committed.clone()
     }
 
     /// Whether the database answers (`/readyz`).

@@ -208,6 +208,8 @@ pub struct LabelSelector {
 /// combine with "and", as in Kubernetes selectors.
 #[derive(Debug, Clone, Default)]
 pub struct NodeFilter {
+    /// Only these nodes (empty: any).
+    pub ids: Vec<NodeId>,
     pub provision_states: Vec<ProvisionState>,
     pub connectivity: Vec<Connectivity>,
     pub maintenance: Option<bool>,
@@ -238,6 +240,9 @@ impl NodeFilter {
         }
         if let Some(owner) = &self.owner {
             cond = cond.add(node::Column::OwnerTenantId.eq(owner.to_string()));
+        }
+        if !self.ids.is_empty() {
+            cond = cond.add(node::Column::Id.is_in(strings(&self.ids)));
         }
         if !self.provision_states.is_empty() {
             cond = cond.add(node::Column::ProvisionState.is_in(strings(&self.provision_states)));
@@ -314,12 +319,67 @@ impl NodeFilter {
                 .replace('\\', "\\\\")
                 .replace('%', "\\%")
                 .replace('_', "\\_");
+            // Case-insensitive on both databases (SQLite's LIKE already is for ASCII,
+            // PostgreSQL's is not): hostnames are DNS names.
             cond = cond.add(
-                Expr::col((node::Entity, node::Column::Hostname))
-                    .like(sea_orm::sea_query::LikeExpr::new(format!("%{escaped}%")).escape('\\')),
+                sea_orm::sea_query::Func::lower(Expr::col((node::Entity, node::Column::Hostname)))
+                    .like(
+                        sea_orm::sea_query::LikeExpr::new(format!(
+                            "%{}%",
+                            escaped.to_ascii_lowercase()
+                        ))
+                        .escape('\\'),
+                    ),
             );
         }
         cond
+    }
+}
+
+impl NodeFilter {
+    /// The same filter in Rust, for the live feed (which must not query the database per
+    /// event per subscriber). `server/tests/node_queries.rs` checks it agrees with the SQL.
+    pub fn matches(&self, n: &bc_core::node::NodeDetail) -> bool {
+        fn any<T: PartialEq>(wanted: &[T], value: &T) -> bool {
+            wanted.is_empty() || wanted.contains(value)
+        }
+        (self.include_deleted || n.deleted_at.is_none())
+            && self
+                .owner
+                .as_ref()
+                .is_none_or(|o| n.owner_tenant_id.as_ref() == Some(o))
+            && any(&self.ids, &n.id)
+            && any(&self.provision_states, &n.provision_state)
+            && any(&self.connectivity, &n.connectivity)
+            && self.maintenance.is_none_or(|m| m == n.maintenance)
+            && self.cordoned.is_none_or(|c| c == n.cordon.is_some())
+            && any(&self.roles, &n.role)
+            && any(&self.trusts, &n.trust)
+            && any(&self.site_ids, &n.site_id)
+            && (self.pool_ids.is_empty()
+                || n.pool_id
+                    .as_ref()
+                    .is_some_and(|p| self.pool_ids.contains(p)))
+            && self.labels.iter().all(|selector| {
+                match (n.labels.get(&selector.key), &selector.value) {
+                    (Some(value), Some(wanted)) => value == wanted,
+                    (Some(_), None) => true,
+                    (None, _) => false,
+                }
+            })
+            && (self.reasons.is_empty()
+                || n.no_schedule_reasons
+                    .iter()
+                    .any(|r| self.reasons.contains(&r.key.to_string())))
+            && any(&self.buckets, &n.schedulability.bucket)
+            && self
+                .schedulable
+                .is_none_or(|s| s == n.schedulability.schedulable)
+            && self.hostname_contains.as_ref().is_none_or(|h| {
+                n.hostname
+                    .to_ascii_lowercase()
+                    .contains(&h.to_ascii_lowercase())
+            })
     }
 }
 

@@ -1,0 +1,217 @@
+//! The live event feed: the event table is the outbox; this turns it into streams.
+//!
+//! One tailer per process reads events committed after its head (woken by this process's
+//! commits, by PostgreSQL `NOTIFY` from other replicas, and by a slow poll as a safety net),
+//! attaches each event's node as it is now, and broadcasts them. A subscriber first replays
+//! from its cursor out of the table, then follows the broadcast; it subscribes to the
+//! broadcast before replaying and skips what it already delivered, so there is no gap and no
+//! duplicate between the two. The broadcast is bounded: a subscriber that falls more than
+//! [`FEED_BUFFER`] events behind is ended with `RESUME_REQUIRED` and its cursor, and resumes
+//! from the table.
+
+use bc_core::ids::NodeId;
+use bc_core::node::NodeDetail;
+use futures::Stream;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{broadcast, watch};
+
+use crate::error::ApiError;
+use crate::service::Services;
+use crate::store::events;
+use crate::store::rows::StoredEvent;
+
+/// Events the broadcast holds for slow subscribers before they must resume from the table.
+pub const FEED_BUFFER: usize = 4096;
+/// Events read from the table at a time.
+const READ_BATCH: u64 = 1000;
+/// The tailer reads the table at least this often even without a wakeup: a missed
+/// notification (a dropped LISTEN connection) delays events by at most this much.
+const POLL_FALLBACK: Duration = Duration::from_secs(1);
+/// How long to wait before re-opening a dropped LISTEN connection.
+const LISTEN_RETRY: Duration = Duration::from_secs(1);
+
+/// One event with its node as it is now (absent for events not about a node).
+#[derive(Debug, Clone)]
+pub struct FeedEvent {
+    pub event: StoredEvent,
+    pub node: Option<Arc<NodeDetail>>,
+}
+
+pub struct Feed {
+    tx: broadcast::Sender<Arc<FeedEvent>>,
+    head: watch::Sender<i64>,
+}
+
+impl Feed {
+    /// Starts the tailer (and, on PostgreSQL, the LISTEN task). Both stop with `shutdown`.
+    pub async fn start(
+        services: Services,
+        shutdown: watch::Receiver<bool>,
+    ) -> anyhow::Result<Arc<Feed>> {
+        let start = events::head(services.store.db()).await?;
+        let (tx, _) = broadcast::channel(FEED_BUFFER);
+        let (head, _) = watch::channel(start);
+        let feed = Arc::new(Feed { tx, head });
+        let wake = services.store.committed();
+        if services.store.backend() == sea_orm::DbBackend::Postgres {
+            tokio::spawn(listen(services.clone(), wake.clone(), shutdown.clone()));
+        }
+        tokio::spawn(tail(feed.clone(), services, wake, shutdown));
+        Ok(feed)
+    }
+
+    /// The newest event published.
+    pub fn head(&self) -> i64 {
+        *self.head.borrow()
+    }
+
+    /// Every event after `after`, then every new one, as they commit.
+    pub fn subscribe(
+        self: &Arc<Self>,
+        services: Services,
+        after: i64,
+    ) -> impl Stream<Item = Result<Arc<FeedEvent>, ApiError>> + Send + use<> {
+        let mut rx = self.tx.subscribe();
+        async_stream::stream! {
+            let mut last = after;
+            // Replay from the table until it has nothing newer.
+            loop {
+                let batch = match events::after(services.store.db(), last, READ_BATCH).await {
+                    Ok(batch) => batch,
+                    Err(err) => { yield Err(ApiError::from(err)); return; }
+                };
+                if batch.is_empty() {
+                    break;
+                }
+                let enriched = match enrich(&services, batch).await {
+                    Ok(enriched) => enriched,
+                    Err(err) => { yield Err(err); return; }
+                };
+                for event in enriched {
+                    last = event.event.id.0;
+                    yield Ok(Arc::new(event));
+                }
+            }
+            // Follow the broadcast, skipping what the replay already delivered.
+            loop {
+                match rx.recv().await {
+                    Ok(event) => {
+                        if event.event.id.0 <= last {
+                            continue;
+                        }
+                        last = event.event.id.0;
+                        yield Ok(event);
+                    }
+                    Err(broadcast::error::RecvError::Lagged(_)) => {
+                        metrics::counter!("bc_feed_subscribers_lagged_total").increment(1);
+                        yield Err(ApiError::ResumeRequired { cursor: bc_core::ids::EventId(last).to_string() });
+                        return;
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return,
+                }
+            }
+        }
+    }
+}
+
+/// Attaches each event's node (current state, deleted ones included), loaded in one batch.
+async fn enrich(services: &Services, batch: Vec<StoredEvent>) -> Result<Vec<FeedEvent>, ApiError> {
+    let mut ids: Vec<NodeId> = batch
+        .iter()
+        .filter_map(|e| e.node_id.as_deref())
+        .filter_map(|id| NodeId::parse(id).ok())
+        .collect();
+    ids.sort();
+    ids.dedup();
+    let nodes: HashMap<String, Arc<NodeDetail>> = services
+        .node_details_by_ids(&ids)
+        .await?
+        .into_iter()
+        .map(|n| (n.id.to_string(), Arc::new(n)))
+        .collect();
+    Ok(batch
+        .into_iter()
+        .map(|event| {
+            let node = event.node_id.as_ref().and_then(|id| nodes.get(id)).cloned();
+            FeedEvent { event, node }
+        })
+        .collect())
+}
+
+async fn tail(
+    feed: Arc<Feed>,
+    services: Services,
+    wake: Arc<tokio::sync::Notify>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        loop {
+            let head = feed.head();
+            let batch = match events::after(services.store.db(), head, READ_BATCH).await {
+                Ok(batch) => batch,
+                Err(err) => {
+                    tracing::warn!(error = %err, "the event feed could not read new events");
+                    break;
+                }
+            };
+            if batch.is_empty() {
+                break;
+            }
+            let enriched = match enrich(&services, batch).await {
+                Ok(enriched) => enriched,
+                Err(err) => {
+                    tracing::warn!(code = err.code(), reason = %err.message(), "the event feed could not load nodes");
+                    break;
+                }
+            };
+            let newest = enriched.last().map_or(head, |e| e.event.id.0);
+            for event in enriched {
+                // No receivers is fine: nobody is subscribed.
+                let _ = feed.tx.send(Arc::new(event));
+            }
+            feed.head.send_replace(newest);
+            metrics::gauge!("bc_feed_head").set(newest as f64);
+        }
+        tokio::select! {
+            () = wake.notified() => {}
+            () = tokio::time::sleep(POLL_FALLBACK) => {}
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+/// Wakes the tailer when another replica commits events (PostgreSQL `LISTEN`).
+async fn listen(
+    services: Services,
+    wake: Arc<tokio::sync::Notify>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    use sea_orm::sqlx::postgres::PgListener;
+    loop {
+        let pool = services.store.db().get_postgres_connection_pool().clone();
+        let listener = async {
+            let mut listener = PgListener::connect_with(&pool).await?;
+            listener.listen(events::NOTIFY_CHANNEL).await?;
+            loop {
+                listener.recv().await?;
+                wake.notify_one();
+            }
+            #[allow(unreachable_code)]
+            Ok::<(), sea_orm::sqlx::Error>(())
+        };
+        tokio::select! {
+            result = listener => {
+                if let Err(err) = result {
+                    tracing::warn!(error = %err, "LISTEN for new events failed; retrying");
+                }
+            }
+            _ = shutdown.changed() => return,
+        }
+        tokio::select! {
+            () = tokio::time::sleep(LISTEN_RETRY) => {}
+            _ = shutdown.changed() => return,
+        }
+    }
+}

@@ -1,0 +1,246 @@
+//! Subscriptions: the live event feed, filtered and shaped. Each can start from a cursor (an
+//! event id) and replays what the client missed before following live changes; without one
+//! it starts from now (`nodeChanges` first sends the current state of every matching node).
+//! Every stream ends when the caller's token expires.
+
+use async_graphql::{Context, Enum, ID, SimpleObject, Subscription};
+use bc_core::ids::EventId;
+use chrono::{DateTime, Utc};
+use futures::{Stream, StreamExt};
+use std::sync::Arc;
+
+use super::inputs::NodeFilterInput;
+use super::query::node_filter;
+use super::types::{Event, NodeDetail};
+use super::{principal, services};
+use crate::auth::Principal;
+use crate::error::ApiError;
+use crate::feed::{Feed, FeedEvent};
+use crate::service::nodes::NodeFilter;
+
+pub struct SubscriptionRoot;
+
+/// Nodes sent per page of a `nodeChanges` snapshot.
+const SNAPSHOT_PAGE: u64 = 500;
+
+#[derive(Enum, Copy, Clone, Eq, PartialEq, Debug)]
+pub enum NodeChangeKind {
+    /// The node's state when the subscription started (no cursor given).
+    Snapshot,
+    /// A change to one axis or field.
+    Change,
+}
+
+/// One change to one axis of a node.
+#[derive(SimpleObject)]
+pub struct AxisChange {
+    pub event_id: ID,
+    /// The event type, e.g. `node.cordoned`.
+    #[graphql(name = "type")]
+    pub event_type: String,
+    pub axis: Option<String>,
+    pub from: Option<String>,
+    pub to: Option<String>,
+    /// Who: `user:<subject>`, `controller:<name>`, `node:<id>` or `system`.
+    pub actor: String,
+    /// What caused it: the mutation, controller step, session or command.
+    pub cause: Option<String>,
+    /// The node's version after the change.
+    pub version: Option<i64>,
+    pub at: DateTime<Utc>,
+}
+
+/// A node's change (or, first, its current state), with the node as it is now.
+#[derive(SimpleObject)]
+pub struct NodeChange {
+    pub kind: NodeChangeKind,
+    /// Resume from here (`after`) after a reconnect.
+    pub cursor: ID,
+    pub node: NodeDetail,
+    /// `null` for a snapshot.
+    pub change: Option<AxisChange>,
+}
+
+fn axis_change(feed_event: &FeedEvent) -> AxisChange {
+    let e = &feed_event.event;
+    AxisChange {
+        event_id: ID(e.id.to_string()),
+        event_type: e.event_type.clone(),
+        axis: e.axis.clone(),
+        from: e.from.clone(),
+        to: e.to.clone(),
+        actor: e.actor.clone(),
+        cause: e.cause.clone(),
+        version: e.data.get("version").and_then(serde_json::Value::as_i64),
+        at: e.at,
+    }
+}
+
+/// Whether `principal` may see this event: tenants only their own.
+fn visible(principal: &Principal, event: &FeedEvent) -> bool {
+    match &principal.tenant {
+        None => true,
+        Some(tenant) => event.event.tenant_id.as_deref() == Some(tenant.as_str()),
+    }
+}
+
+/// Ends `stream` with `UNAUTHENTICATED` when the token expires.
+fn until_expiry<T: Send + 'static>(
+    stream: impl Stream<Item = async_graphql::Result<T>> + Send + 'static,
+    expires_at: DateTime<Utc>,
+) -> impl Stream<Item = async_graphql::Result<T>> + Send + 'static {
+    async_stream::stream! {
+        let remaining = (expires_at - Utc::now()).to_std().unwrap_or_default();
+        let deadline = tokio::time::sleep(remaining);
+        tokio::pin!(deadline);
+        tokio::pin!(stream);
+        loop {
+            tokio::select! {
+                item = stream.next() => match item {
+                    Some(item) => yield item,
+                    None => return,
+                },
+                () = &mut deadline => {
+                    yield Err(ApiError::Unauthenticated("the token expired; subscribe again with a fresh one".into()).into());
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// The cursor to resume after, if the client gave one (`None`: from now).
+fn start_cursor(after: Option<&ID>) -> Result<Option<i64>, ApiError> {
+    after
+        .map(|a| EventId::parse(a.as_str()).map(|e| e.0))
+        .transpose()
+        .map_err(ApiError::from)
+}
+
+/// Node changes matching `filter`, optionally only those of one axis.
+async fn node_change_stream(
+    ctx: &Context<'_>,
+    filter: Option<NodeFilterInput>,
+    after: Option<ID>,
+    only_axis: Option<&'static str>,
+) -> async_graphql::Result<impl Stream<Item = async_graphql::Result<NodeChange>> + Send + 'static> {
+    let services = services(ctx)?.clone();
+    let principal = principal(ctx)?.clone();
+    let feed = ctx.data::<Arc<Feed>>()?.clone();
+    let mut filter: NodeFilter = node_filter(filter.unwrap_or_default())?;
+    filter.owner = principal.tenant.clone();
+    let cursor = start_cursor(after.as_ref())?;
+    let expires_at = principal.expires_at;
+    let stream = async_stream::stream! {
+        let start = match cursor {
+            Some(cursor) => cursor,
+            None => {
+                // The snapshot is taken after the head is read, so a change that lands while
+                // the snapshot pages is delivered again as a change: nothing is missed.
+                let head = feed.head();
+                let mut page_after: Option<String> = None;
+                loop {
+                    let page = match services.nodes(&principal, filter.clone(), page_after.as_deref(), SNAPSHOT_PAGE).await {
+                        Ok(page) => page,
+                        Err(err) => { yield Err(err.into()); return; }
+                    };
+                    page_after = page.nodes.last().map(|n| n.id.to_string());
+                    for node in page.nodes {
+                        yield Ok(NodeChange {
+                            kind: NodeChangeKind::Snapshot,
+                            cursor: ID(EventId(head).to_string()),
+                            node: NodeDetail(node),
+                            change: None,
+                        });
+                    }
+                    if !page.has_next_page {
+                        break;
+                    }
+                }
+                head
+            }
+        };
+        let events = feed.subscribe(services.clone(), start);
+        tokio::pin!(events);
+        while let Some(item) = events.next().await {
+            match item {
+                Err(err) => { yield Err(err.into()); return; }
+                Ok(event) => {
+                    let Some(node) = &event.node else { continue };
+                    if !visible(&principal, &event) || !filter.matches(node) {
+                        continue;
+                    }
+                    if only_axis.is_some_and(|axis| event.event.axis.as_deref() != Some(axis)) {
+                        continue;
+                    }
+                    yield Ok(NodeChange {
+                        kind: NodeChangeKind::Change,
+                        cursor: ID(event.event.id.to_string()),
+                        node: NodeDetail(node.as_ref().clone()),
+                        change: Some(axis_change(&event)),
+                    });
+                }
+            }
+        }
+    };
+    Ok(until_expiry(stream, expires_at))
+}
+
+#[Subscription]
+impl SubscriptionRoot {
+    /// The raw event log, from `after` (exclusive) or from now.
+    async fn events(
+        &self,
+        ctx: &Context<'_>,
+        after: Option<ID>,
+        #[graphql(desc = "Only these event types, e.g. `node.cordoned`.")] types: Option<
+            Vec<String>,
+        >,
+        node_id: Option<ID>,
+    ) -> async_graphql::Result<impl Stream<Item = async_graphql::Result<Event>>> {
+        let services = services(ctx)?.clone();
+        let principal = principal(ctx)?.clone();
+        let feed = ctx.data::<Arc<Feed>>()?.clone();
+        let start = start_cursor(after.as_ref())?.unwrap_or_else(|| feed.head());
+        let types = types.unwrap_or_default();
+        let node_id = node_id.map(|n| n.to_string());
+        let expires_at = principal.expires_at;
+        let stream = feed.subscribe(services, start).filter_map(move |item| {
+            let out = match item {
+                Err(err) => Some(Err(err.into())),
+                Ok(event) => {
+                    let wanted = visible(&principal, &event)
+                        && (types.is_empty() || types.contains(&event.event.event_type))
+                        && node_id
+                            .as_ref()
+                            .is_none_or(|n| event.event.node_id.as_ref() == Some(n));
+                    wanted.then(|| Ok(Event(event.event.clone())))
+                }
+            };
+            futures::future::ready(out)
+        });
+        Ok(until_expiry(stream, expires_at))
+    }
+
+    /// Changes to nodes matching `filter`, axis by axis. Without `after`, first the current
+    /// state of every matching node (`SNAPSHOT`), then changes.
+    async fn node_changes(
+        &self,
+        ctx: &Context<'_>,
+        filter: Option<NodeFilterInput>,
+        after: Option<ID>,
+    ) -> async_graphql::Result<impl Stream<Item = async_graphql::Result<NodeChange>>> {
+        node_change_stream(ctx, filter, after, None).await
+    }
+
+    /// Connectivity changes of nodes matching `filter` (`connected`, `disconnected`,
+    /// `unreachable`, `lost`). Without `after`, first the current state of every matching node.
+    async fn connectivity_changes(
+        &self,
+        ctx: &Context<'_>,
+        filter: Option<NodeFilterInput>,
+        after: Option<ID>,
+    ) -> async_graphql::Result<impl Stream<Item = async_graphql::Result<NodeChange>>> {
+        node_change_stream(ctx, filter, after, Some("connectivity")).await
+    }
+}
