@@ -218,7 +218,10 @@ impl NodeRecord {
                 Some(from.as_static_str()),
                 Some(to.as_static_str()),
             )
-            .with_detail(action.as_ref()),
+            .with_detail(match reason {
+                Some(reason) => format!("{action}: {reason}"),
+                None => action.to_string(),
+            }),
         ];
         self.provision_state = to;
         match action {
@@ -475,9 +478,12 @@ impl NodeRecord {
         Ok(changes)
     }
 
-    /// Records a condition from Inventory, Health, Liveness or NodeLifecycle. A NoSchedule
+    /// Records a condition from Inventory, Health, Liveness or NodeLifecycle.
+    // The arguments are the fields of a Kubernetes-style condition plus who and when; a
+    // struct for them would only be unpacked again here. A NoSchedule
     /// condition that is `true` puts its type in `noScheduleReasons`; any other status takes
     /// it out, in the same change.
+    #[allow(clippy::too_many_arguments)]
     pub fn set_condition(
         &mut self,
         kind: &str,
@@ -595,8 +601,14 @@ impl NodeRecord {
         )])
     }
 
-    /// `nodes.revokeIdentity` (and every other identity replacement): certificates of the
-    /// old generation never work again.
+    /// `nodes.revokeIdentity`: an operator's decision, so it needs a reason.
+    pub fn revoke_identity(&mut self, reason: &str) -> Result<Vec<Change>, DomainError> {
+        let reason = validate_reason(reason)?;
+        Ok(self.bump_identity_generation(&reason))
+    }
+
+    /// Every identity replacement (revocation, re-join in place, deletion): certificates of
+    /// the old generation never work again.
     pub fn bump_identity_generation(&mut self, why: &str) -> Vec<Change> {
         let from = self.identity_generation;
         self.identity_generation += 1;

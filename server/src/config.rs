@@ -329,6 +329,8 @@ pub(crate) fn write_private(path: &Path, contents: &[u8]) -> anyhow::Result<()> 
 }
 
 #[cfg(test)]
+// `figment::Jail` fixes its closures' error type, `figment::Error`, which is large.
+#[allow(clippy::result_large_err)]
 mod tests {
     use super::*;
 

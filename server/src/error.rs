@@ -165,6 +165,7 @@ mod tests {
             (ApiError::Unauthenticated(String::new()), "UNAUTHENTICATED"),
             (ApiError::Forbidden(String::new()), "FORBIDDEN"),
             (ApiError::BadUserInput(String::new()), "BAD_USER_INPUT"),
+            (ApiError::ResumeRequired { cursor: "evt_1".into() }, "RESUME_REQUIRED"),
             (
                 ApiError::internal(anyhow::anyhow!("secret detail")),
                 "INTERNAL",

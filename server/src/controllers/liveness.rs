@@ -53,7 +53,15 @@
 //! *Decision:* for one grace period after the controller starts it makes no `unreachable`
 //! or `lost` transitions (recoveries still happen). A restarted control plane finds every
 //! session's `last_seen` as old as its own downtime; daemons need one grace to reconnect
-//! before their silence means anything.
+//! before their silence means anything. The brake is not evaluated during the hold.
+//!
+//! # Races
+//!
+//! Every transition passes the `version` its query read, so a node the gateway or an
+//! operator changed in between is skipped (`CONFLICT`, logged at `debug`) and looked at
+//! again next tick. A heartbeat lands in `node_sessions` without touching the node row, so
+//! one that arrives between the query and the write can still see its node marked
+//! `unreachable`; the next tick reads the fresh `last_seen` and makes it `connected` again.
 //!
 //! [`paused_sites`]: LivenessController::paused_sites
 

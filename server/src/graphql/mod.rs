@@ -17,15 +17,24 @@ use crate::config::GraphqlConfig;
 use crate::error::ApiError;
 use crate::service::Services;
 
-pub type AppSchema = Schema<query::QueryRoot, mutation::MutationRoot, subscription::SubscriptionRoot>;
+pub type AppSchema =
+    Schema<query::QueryRoot, mutation::MutationRoot, subscription::SubscriptionRoot>;
 
 /// The schema with its limits and the services it resolves against.
-pub fn build_schema(services: Option<(Services, Arc<crate::feed::Feed>)>, config: &GraphqlConfig) -> AppSchema {
-    let mut builder = Schema::build(query::QueryRoot, mutation::MutationRoot, subscription::SubscriptionRoot)
-        .limit_depth(config.max_depth)
-        .limit_complexity(config.max_complexity)
-        .extension(crate::telemetry::GraphqlMetrics)
-        .data(config.clone());
+pub fn build_schema(
+    services: Option<(Services, Arc<crate::feed::Feed>)>,
+    config: &GraphqlConfig,
+) -> AppSchema {
+    let mut builder = Schema::build(
+        query::QueryRoot,
+        mutation::MutationRoot,
+        subscription::SubscriptionRoot,
+    )
+    .limit_depth(config.max_depth)
+    .limit_complexity(config.max_complexity)
+    .extension(crate::telemetry::GraphqlMetrics)
+    .extension(ErrorCodes)
+    .data(config.clone());
     if let Some((services, feed)) = services {
         builder = builder.data(services).data(feed);
     }
@@ -70,4 +79,52 @@ pub(crate) fn parse_id<T>(
     parse: fn(&str) -> Result<T, bc_core::DomainError>,
 ) -> Result<T, ApiError> {
     parse(raw.as_str()).map_err(ApiError::from)
+}
+
+/// Gives every error a code. Our resolvers always set one; errors async-graphql raises itself
+/// (a query that does not parse or validate, nests too deep, is too complex, or passes a value
+/// of the wrong type) have none, and all of them are the caller's input: `BAD_USER_INPUT`.
+pub struct ErrorCodes;
+
+impl async_graphql::extensions::ExtensionFactory for ErrorCodes {
+    fn create(&self) -> Arc<dyn async_graphql::extensions::Extension> {
+        Arc::new(ErrorCodes)
+    }
+}
+
+fn ensure_codes(response: &mut async_graphql::Response) {
+    for error in &mut response.errors {
+        let extensions = error.extensions.get_or_insert_with(Default::default);
+        if extensions.get("code").is_none() {
+            extensions.set("code", "BAD_USER_INPUT");
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl async_graphql::extensions::Extension for ErrorCodes {
+    async fn request(
+        &self,
+        ctx: &async_graphql::extensions::ExtensionContext<'_>,
+        next: async_graphql::extensions::NextRequest<'_>,
+    ) -> async_graphql::Response {
+        let mut response = next.run(ctx).await;
+        ensure_codes(&mut response);
+        response
+    }
+
+    fn subscribe<'s>(
+        &self,
+        ctx: &async_graphql::extensions::ExtensionContext<'_>,
+        stream: futures::stream::BoxStream<'s, async_graphql::Response>,
+        next: async_graphql::extensions::NextSubscribe<'_>,
+    ) -> futures::stream::BoxStream<'s, async_graphql::Response> {
+        use futures::StreamExt;
+        next.run(ctx, stream)
+            .map(|mut response| {
+                ensure_codes(&mut response);
+                response
+            })
+            .boxed()
+    }
 }

@@ -68,7 +68,11 @@ impl Services {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        let filter = NodeFilter { ids: ids.to_vec(), include_deleted: true, ..NodeFilter::default() };
+        let filter = NodeFilter {
+            ids: ids.to_vec(),
+            include_deleted: true,
+            ..NodeFilter::default()
+        };
         let records = nodes::list(self.store.db(), &filter, None, ids.len() as u64).await?;
         self.detail_of(records).await
     }
@@ -380,7 +384,7 @@ impl Services {
         reason: &str,
     ) -> ApiResult<NodeDetail> {
         self.change_node(p, Role::Admin, id, version, "revokeIdentity", |n, _, _| {
-            Ok(n.bump_identity_generation(reason))
+            n.revoke_identity(reason)
         })
         .await
     }

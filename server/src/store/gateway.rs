@@ -96,7 +96,7 @@ pub async fn count_join_token_use(
     join_token::Entity::update_many()
         .col_expr(
             join_token::Column::Uses,
-            sea_orm::sea_query::Expr::val(uses).into(),
+            sea_orm::sea_query::Expr::val(uses),
         )
         .filter(join_token::Column::Id.eq(id.to_string()))
         .exec(conn)
@@ -112,7 +112,7 @@ pub async fn revoke_join_token(
     join_token::Entity::update_many()
         .col_expr(
             join_token::Column::RevokedAt,
-            sea_orm::sea_query::Expr::val(at).into(),
+            sea_orm::sea_query::Expr::val(at),
         )
         .filter(join_token::Column::Id.eq(id.to_string()))
         .exec(conn)
@@ -184,7 +184,7 @@ pub async fn close_session(
     let result = node_session::Entity::update_many()
         .col_expr(
             node_session::Column::DisconnectedAt,
-            sea_orm::sea_query::Expr::val(now).into(),
+            sea_orm::sea_query::Expr::val(now),
         )
         .filter(node_session::Column::NodeId.eq(node_id.to_string()))
         .filter(node_session::Column::Epoch.eq(epoch))
@@ -205,7 +205,7 @@ pub async fn record_heartbeats(
         let result = node_session::Entity::update_many()
             .col_expr(
                 node_session::Column::LastSeen,
-                sea_orm::sea_query::Expr::val(*at).into(),
+                sea_orm::sea_query::Expr::val(*at),
             )
             .filter(node_session::Column::NodeId.eq(node_id.to_string()))
             .filter(node_session::Column::Epoch.eq(*epoch))
@@ -276,7 +276,7 @@ pub async fn close_open_session(
     node_session::Entity::update_many()
         .col_expr(
             node_session::Column::DisconnectedAt,
-            sea_orm::sea_query::Expr::val(now).into(),
+            sea_orm::sea_query::Expr::val(now),
         )
         .filter(node_session::Column::NodeId.eq(node_id.to_string()))
         .filter(node_session::Column::DisconnectedAt.is_null())

@@ -79,12 +79,11 @@ impl Store {
                     .foreign_keys(true)
                     .busy_timeout(SQLITE_BUSY_TIMEOUT)
             });
-        if url.starts_with("sqlite:") {
-            if let Some(path) = sqlite_path(url) {
-                if let Some(dir) = std::path::Path::new(path).parent() {
-                    std::fs::create_dir_all(dir)?;
-                }
-            }
+        if url.starts_with("sqlite:")
+            && let Some(path) = sqlite_path(url)
+            && let Some(dir) = std::path::Path::new(path).parent()
+        {
+            std::fs::create_dir_all(dir)?;
         }
         let db = Database::connect(options).await?;
         let sqlite_write_lock =

@@ -1,0 +1,1345 @@
+//! The read side of the API over real HTTP, on SQLite and PostgreSQL: the `nodes` connection
+//! (paging, `totalCount`, every field of `NodeFilterInput`), `capacity`, a node's `events`,
+//! `provisionStateTable`, `tenants`/`sites`/`pools`, and the validation of `createSite` and
+//! `createPool`.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use bc_core::Actor;
+use bc_core::axes::{Adapter, ConditionStatus, Connectivity, ProvisionState, Role, Trust};
+use bc_core::clock::Clock;
+use bc_core::ids::{PoolId, SiteId, TenantId};
+use bc_core::node::{NewNode, NodeRecord};
+use bc_core::provision::{PROVISION_STATE_TABLE, ProvisionMove, Target};
+use bc_core::schedule::CapacityBucket;
+use bc_testing::{TestServer, each_backend};
+use better_compute::auth::Role as ApiRole;
+use serde_json::{Value, json};
+use strum::IntoEnumIterator;
+
+/// The GraphQL spelling of a kebab-case enum value (`finish-deploy` → `FINISH_DEPLOY`).
+fn gql_enum(kebab: &str) -> String {
+    kebab.replace('-', "_").to_uppercase()
+}
+
+fn id_of(data: &Value, field: &str) -> String {
+    data[field]["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{field} returns an id: {data}"))
+        .to_owned()
+}
+
+async fn create_tenant(s: &TestServer, name: &str) -> String {
+    let data = s
+        .admin(
+            "mutation($name: String!) { createTenant(name: $name) { id } }",
+            json!({ "name": name }),
+        )
+        .await;
+    id_of(&data, "createTenant")
+}
+
+async fn create_site(s: &TestServer, name: &str, owner: Option<&str>) -> String {
+    let kind = if owner.is_some() {
+        "CUSTOM"
+    } else {
+        "PLATFORM"
+    };
+    let data = s
+        .admin(
+            "mutation($input: CreateSiteInput!) { createSite(input: $input) { id } }",
+            json!({ "input": { "name": name, "kind": kind, "ownerTenantId": owner } }),
+        )
+        .await;
+    id_of(&data, "createSite")
+}
+
+async fn create_pool(s: &TestServer, input: Value) -> String {
+    let data = s
+        .admin(
+            "mutation($input: CreatePoolInput!) { createPool(input: $input) { id } }",
+            json!({ "input": input }),
+        )
+        .await;
+    id_of(&data, "createPool")
+}
+
+const FILTERED_COUNT: &str = "query($f: NodeFilterInput) { nodes(filter: $f) { totalCount } }";
+const FIRST_ZERO: &str = "{ nodes(first: 0) { pageInfo { hasNextPage } edges { cursor } } }";
+const PAGE_COUNT: &str =
+    "query($first: Int, $after: String) { nodes(first: $first, after: $after) { totalCount } }";
+const CAPACITY: &str = "query($pools: [ID!]) { capacity(poolIds: $pools) {
+    poolId totalNodes totalGpus buckets { bucket nodes gpus }
+} }";
+const SCOPE: &str = "{ tenants { id } sites { id } pools { id } }";
+const CATALOG: &str = "{ tenants { name } sites { name } pools { name siteId } }";
+const SITE: &str = "mutation($input: CreateSiteInput!) { createSite(input: $input) { id } }";
+const POOL: &str = "mutation($input: CreatePoolInput!) { createPool(input: $input) { id } }";
+
+/// The first label of a hostname: the fleet's nodes are named by it.
+fn short(hostname: &str) -> String {
+    hostname.split('.').next().unwrap_or(hostname).to_owned()
+}
+
+/// A small fleet in which every filter field tells nodes apart:
+///
+/// | node    | site      | pool | role       | trust             | state     | conn.        | other                          | bucket       | GPUs |
+/// |---------|-----------|------|------------|-------------------|-----------|--------------|--------------------------------|--------------|------|
+/// | alpha   | dc1       | p1   | host       | platform          | adopted   | connected    | labels gpu=h100, rack=r1 (API) | schedulable  | 8    |
+/// | bravo   | dc1       | p1   | host       | platform          | deployed  | connected    | cordoned (API), gpu=a100       | maintenance  | 4    |
+/// | charlie | dc1       | p1   | host       | platform          | failed    | disconnected | maintenance (failed deploying) | maintenance  | 8    |
+/// | echo    | dc1       | p1   | host       | platform          | enrolling | disconnected | generation 0, rack=r2          | provisioning | 0    |
+/// | foxtrot | dc1       | p1   | host       | platform          | adopted   | unreachable  | reason unreachable             | unreachable  | 8    |
+/// | golf    | dc1       | p1   | host       | platform          | adopted   | connected    | taint gpu-burn (API)           | unhealthy    | 8    |
+/// | lima    | dc1       | p1   | site       | platform          | adopted   | connected    |                                | excluded     | 2    |
+/// | delta   | dc2       | p2   | dedicated  | platform          | adopted   | connected    | gpu=h100                       | excluded     | 2    |
+/// | kilo    | dc2       | p2   | dedicated  | tenant-controlled | adopted   | lost         | reason unreachable             | excluded     | 8    |
+/// | hotel   | acme-home | p3   | host       | tenant-owned (A)  | adopted   | connected    | GpuCountMismatch               | unhealthy    | 7    |
+/// | india   | acme-home | p3   | host       | tenant-owned (A)  | deployed  | connected    | observedGeneration 2           | schedulable  | 4    |
+/// | juliet  | acme-home | —    | unassigned | tenant-owned (A)  | adopting  | connected    | generation 0                   | excluded     | 0    |
+/// | mike    | dc1       | p1   | host       | platform          | retired   | connected    | deleted: never listed/counted  | —            | 8    |
+///
+/// `p4` (dc1) has no nodes.
+struct Fleet {
+    tenant_a: String,
+    dc1: String,
+    dc2: String,
+    home: String,
+    p1: String,
+    p2: String,
+    p3: String,
+    p4: String,
+    /// Short name → (pool, bucket, GPUs) of each live node, as the table above says.
+    expected: BTreeMap<&'static str, (Option<String>, CapacityBucket, i64)>,
+}
+
+impl Fleet {
+    async fn create(s: &TestServer) -> Fleet {
+        let tenant_a = create_tenant(s, "acme").await;
+        create_tenant(s, "globex").await;
+        let dc1 = create_site(s, "dc1", None).await;
+        let dc2 = create_site(s, "dc2", None).await;
+        let home = create_site(s, "acme-home", Some(&tenant_a)).await;
+        let p1 = create_pool(
+            s,
+            json!({ "siteId": dc1, "name": "gpu", "kind": "METAL_HOST", "expectedGpuCount": 8 }),
+        )
+        .await;
+        let p2 = create_pool(
+            s,
+            json!({ "siteId": dc2, "name": "dedicated", "kind": "METAL_DEDICATED" }),
+        )
+        .await;
+        let p3 = create_pool(
+            s,
+            json!({ "siteId": home, "name": "own", "kind": "PROVIDER" }),
+        )
+        .await;
+        let p4 = create_pool(
+            s,
+            json!({ "siteId": dc1, "name": "empty", "kind": "VPS_HOST" }),
+        )
+        .await;
+
+        let now = s.clock.now();
+        let liveness = Actor::Controller("liveness".into());
+        let record = |name: &str,
+                      site: &str,
+                      pool: Option<&str>,
+                      role: Role,
+                      trust: Trust,
+                      state: ProvisionState,
+                      gpus: i32| {
+            let site_id = SiteId::parse(site).expect("a site id");
+            let domain = if site == home {
+                "acme"
+            } else if site == dc2 {
+                "dc2"
+            } else {
+                "dc1"
+            };
+            let mut n = NodeRecord::new(
+                NewNode {
+                    hostname: format!("{name}.{domain}.example.com"),
+                    site_id,
+                    pool_id: pool.map(|p| PoolId::parse(p).expect("a pool id")),
+                    owner_tenant_id: (trust == Trust::TenantOwned)
+                        .then(|| TenantId::parse(&tenant_a).expect("a tenant id")),
+                    role,
+                    trust,
+                    adapter: Adapter::BcdV1,
+                    drivers: BTreeMap::new(),
+                    provision_state: state,
+                },
+                now,
+            )
+            .expect("a valid node");
+            n.generation = 1;
+            n.observed_generation = 1;
+            n.connectivity = Connectivity::Connected;
+            n.gpu_count = gpus;
+            n
+        };
+        use ProvisionState::*;
+        use Role::{Dedicated, Host, Site, Unassigned};
+        use Trust::{Platform, TenantControlled, TenantOwned};
+
+        let alpha = record("alpha", &dc1, Some(&p1), Host, Platform, Adopted, 8);
+        let bravo = record("bravo", &dc1, Some(&p1), Host, Platform, Deployed, 4);
+        let mut charlie = record("charlie", &dc1, Some(&p1), Host, Platform, Deploying, 8);
+        charlie
+            .apply_move(ProvisionMove::Fail, Some("image checksum mismatch"))
+            .expect("deploying can fail");
+        charlie.connectivity = Connectivity::Disconnected;
+        let mut echo = record("echo", &dc1, Some(&p1), Host, Platform, Enrolling, 0);
+        echo.generation = 0;
+        echo.observed_generation = 0;
+        echo.connectivity = Connectivity::Disconnected;
+        echo.update_labels(&BTreeMap::from([("rack".to_owned(), "r2".to_owned())]), &[])
+            .expect("valid labels");
+        let mut foxtrot = record("foxtrot", &dc1, Some(&p1), Host, Platform, Adopted, 8);
+        foxtrot.set_connectivity(Connectivity::Unreachable, &liveness, now);
+        let golf = record("golf", &dc1, Some(&p1), Host, Platform, Adopted, 8);
+        let lima = record("lima", &dc1, Some(&p1), Site, Platform, Adopted, 2);
+        let mut delta = record("delta", &dc2, Some(&p2), Dedicated, Platform, Adopted, 2);
+        delta
+            .update_labels(
+                &BTreeMap::from([("gpu".to_owned(), "h100".to_owned())]),
+                &[],
+            )
+            .expect("valid labels");
+        let mut kilo = record(
+            "kilo",
+            &dc2,
+            Some(&p2),
+            Dedicated,
+            TenantControlled,
+            Adopted,
+            8,
+        );
+        kilo.set_connectivity(Connectivity::Lost, &liveness, now);
+        let mut hotel = record("hotel", &home, Some(&p3), Host, TenantOwned, Adopted, 7);
+        hotel
+            .set_condition(
+                "GpuCountMismatch",
+                ConditionStatus::True,
+                "Expected8Got7",
+                "7 of 8 GPUs",
+                true,
+                &Actor::Controller("health".into()),
+                now,
+            )
+            .expect("a valid condition");
+        let mut india = record("india", &home, Some(&p3), Host, TenantOwned, Deployed, 4);
+        india.generation = 2;
+        india.observed_generation = 2;
+        let mut juliet = record("juliet", &home, None, Unassigned, TenantOwned, Adopting, 0);
+        juliet.generation = 0;
+        juliet.observed_generation = 0;
+        let mut mike = record("mike", &dc1, Some(&p1), Host, Platform, Retired, 8);
+        mike.delete(now).expect("a retired node can be deleted");
+
+        s.insert_nodes(&[
+            alpha.clone(),
+            bravo.clone(),
+            charlie,
+            echo,
+            foxtrot,
+            golf.clone(),
+            lima,
+            delta,
+            kilo,
+            hotel,
+            india,
+            juliet,
+            mike,
+        ])
+        .await;
+        // Some state through the API, as an operator makes it.
+        let gpu = |value: &str| json!({ "key": "gpu", "value": value });
+        let rack = json!({ "key": "rack", "value": "r1" });
+        let set = json!({ "set": [gpu("h100"), rack] });
+        assert_eq!(mutate(s, "labelNode", alpha.id.as_str(), 1, set).await, 2);
+        let v = mutate(
+            s,
+            "labelNode",
+            bravo.id.as_str(),
+            1,
+            json!({ "set": [gpu("a100")] }),
+        )
+        .await;
+        mutate(
+            s,
+            "cordonNode",
+            bravo.id.as_str(),
+            v,
+            json!({ "reason": "rack move" }),
+        )
+        .await;
+        let taint = json!({ "key": "gpu-burn", "value": "running" });
+        mutate(s, "taintNode", golf.id.as_str(), 1, taint).await;
+
+        use CapacityBucket as B;
+        let (pa, pb, pc) = (Some(p1.clone()), Some(p2.clone()), Some(p3.clone()));
+        let expected = BTreeMap::from([
+            ("alpha", (pa.clone(), B::Schedulable, 8)),
+            ("bravo", (pa.clone(), B::Maintenance, 4)),
+            ("charlie", (pa.clone(), B::Maintenance, 8)),
+            ("echo", (pa.clone(), B::Provisioning, 0)),
+            ("foxtrot", (pa.clone(), B::Unreachable, 8)),
+            ("golf", (pa.clone(), B::Unhealthy, 8)),
+            ("lima", (pa, B::Excluded, 2)),
+            ("delta", (pb.clone(), B::Excluded, 2)),
+            ("kilo", (pb, B::Excluded, 8)),
+            ("hotel", (pc.clone(), B::Unhealthy, 7)),
+            ("india", (pc, B::Schedulable, 4)),
+            ("juliet", (None, B::Excluded, 0)),
+        ]);
+        Fleet {
+            tenant_a,
+            dc1,
+            dc2,
+            home,
+            p1,
+            p2,
+            p3,
+            p4,
+            expected,
+        }
+    }
+
+    fn all(&self) -> BTreeSet<String> {
+        self.expected.keys().map(|k| (*k).to_owned()).collect()
+    }
+}
+
+fn names(list: &[&str]) -> BTreeSet<String> {
+    list.iter().map(|n| (*n).to_owned()).collect()
+}
+
+/// The short names of the nodes `filter` selects for `token`, checking `totalCount` and
+/// that one page held them all.
+async fn matching(s: &TestServer, token: &str, filter: &Value) -> BTreeSet<String> {
+    let response = s
+        .gql(
+            Some(token),
+            "query($f: NodeFilterInput) { nodes(filter: $f, first: 1000) {
+                totalCount pageInfo { hasNextPage } edges { node { hostname } }
+            } }",
+            json!({ "f": filter }),
+        )
+        .await;
+    let nodes = &response.data()["nodes"];
+    assert_eq!(nodes["pageInfo"]["hasNextPage"], json!(false));
+    let found: Vec<String> = nodes["edges"]
+        .as_array()
+        .expect("edges")
+        .iter()
+        .map(|e| short(e["node"]["hostname"].as_str().expect("a hostname")))
+        .collect();
+    let set: BTreeSet<String> = found.iter().cloned().collect();
+    assert_eq!(set.len(), found.len(), "no node twice for {filter}");
+    assert_eq!(
+        nodes["totalCount"].as_u64(),
+        Some(found.len() as u64),
+        "totalCount for {filter}"
+    );
+    set
+}
+
+#[tokio::test]
+async fn every_node_filter_field_selects_exactly_the_right_nodes() {
+    each_backend(async |s| {
+        let f = Fleet::create(s).await;
+        let all = f.all();
+        let except =
+            |out: &[&str]| -> BTreeSet<String> { all.difference(&names(out)).cloned().collect() };
+        let dc1_nodes = [
+            "alpha", "bravo", "charlie", "echo", "foxtrot", "golf", "lima",
+        ];
+        let cases: Vec<(Value, BTreeSet<String>)> = vec![
+            (json!(null), all.clone()),
+            (json!({}), all.clone()),
+            // provisionState
+            (
+                json!({ "provisionState": ["ADOPTED"] }),
+                names(&["alpha", "foxtrot", "golf", "lima", "delta", "kilo", "hotel"]),
+            ),
+            (
+                json!({ "provisionState": ["DEPLOYED", "ENROLLING"] }),
+                names(&["bravo", "echo", "india"]),
+            ),
+            (json!({ "provisionState": ["FAILED"] }), names(&["charlie"])),
+            (json!({ "provisionState": ["RETIRED"] }), names(&[])),
+            // connectivity
+            (
+                json!({ "connectivity": ["UNREACHABLE", "LOST"] }),
+                names(&["foxtrot", "kilo"]),
+            ),
+            (
+                json!({ "connectivity": ["DISCONNECTED"] }),
+                names(&["charlie", "echo"]),
+            ),
+            (
+                json!({ "connectivity": ["CONNECTED"] }),
+                except(&["charlie", "echo", "foxtrot", "kilo"]),
+            ),
+            // maintenance, cordoned
+            (json!({ "maintenance": true }), names(&["charlie"])),
+            (json!({ "maintenance": false }), except(&["charlie"])),
+            (json!({ "cordoned": true }), names(&["bravo"])),
+            (json!({ "cordoned": false }), except(&["bravo"])),
+            // role, trust
+            (json!({ "role": ["DEDICATED"] }), names(&["delta", "kilo"])),
+            (
+                json!({ "role": ["SITE", "UNASSIGNED"] }),
+                names(&["lima", "juliet"]),
+            ),
+            (
+                json!({ "role": ["HOST"] }),
+                except(&["delta", "kilo", "lima", "juliet"]),
+            ),
+            (
+                json!({ "trust": ["TENANT_OWNED"] }),
+                names(&["hotel", "india", "juliet"]),
+            ),
+            (json!({ "trust": ["TENANT_CONTROLLED"] }), names(&["kilo"])),
+            (
+                json!({ "trust": ["PLATFORM"] }),
+                except(&["hotel", "india", "juliet", "kilo"]),
+            ),
+            // siteId, poolId
+            (json!({ "siteId": [f.dc2] }), names(&["delta", "kilo"])),
+            (
+                json!({ "siteId": [f.home] }),
+                names(&["hotel", "india", "juliet"]),
+            ),
+            (
+                json!({ "siteId": [f.dc1, f.dc2] }),
+                except(&["hotel", "india", "juliet"]),
+            ),
+            (json!({ "siteId": ["site_nosuchsite"] }), names(&[])),
+            (json!({ "poolId": [f.p1] }), names(&dc1_nodes)),
+            (
+                json!({ "poolId": [f.p2, f.p3] }),
+                names(&["delta", "kilo", "hotel", "india"]),
+            ),
+            (json!({ "poolId": [f.p4] }), names(&[])),
+            // labels: key only, key=value, several (all must hold)
+            (
+                json!({ "labels": [{ "key": "gpu" }] }),
+                names(&["alpha", "bravo", "delta"]),
+            ),
+            (
+                json!({ "labels": [{ "key": "gpu", "value": "h100" }] }),
+                names(&["alpha", "delta"]),
+            ),
+            (
+                json!({ "labels": [{ "key": "gpu", "value": "H100" }] }),
+                names(&[]),
+            ),
+            (
+                json!({ "labels": [{ "key": "gpu", "value": "h100" }, { "key": "rack" }] }),
+                names(&["alpha"]),
+            ),
+            (
+                json!({ "labels": [{ "key": "rack", "value": "r2" }] }),
+                names(&["echo"]),
+            ),
+            (
+                json!({ "labels": [{ "key": "gpu", "value": null }] }),
+                names(&["alpha", "bravo", "delta"]),
+            ),
+            (json!({ "labels": [{ "key": "absent" }] }), names(&[])),
+            // reason: any of
+            (json!({ "reason": ["taint:gpu-burn"] }), names(&["golf"])),
+            (
+                json!({ "reason": ["unreachable", "GpuCountMismatch"] }),
+                names(&["foxtrot", "kilo", "hotel"]),
+            ),
+            (json!({ "reason": ["draining"] }), names(&[])),
+            // bucket, schedulable
+            (
+                json!({ "bucket": ["SCHEDULABLE"] }),
+                names(&["alpha", "india"]),
+            ),
+            (
+                json!({ "bucket": ["MAINTENANCE", "UNHEALTHY"] }),
+                names(&["bravo", "charlie", "golf", "hotel"]),
+            ),
+            (
+                json!({ "bucket": ["EXCLUDED"] }),
+                names(&["lima", "delta", "kilo", "juliet"]),
+            ),
+            (json!({ "bucket": ["PROVISIONING"] }), names(&["echo"])),
+            (json!({ "bucket": ["UNREACHABLE"] }), names(&["foxtrot"])),
+            (json!({ "schedulable": true }), names(&["alpha", "india"])),
+            (json!({ "schedulable": false }), except(&["alpha", "india"])),
+            // hostname: a substring; LIKE wildcards are literal
+            (json!({ "hostname": "dc2" }), names(&["delta", "kilo"])),
+            (
+                json!({ "hostname": ".acme." }),
+                names(&["hotel", "india", "juliet"]),
+            ),
+            (
+                json!({ "hostname": "alpha.dc1.example.com" }),
+                names(&["alpha"]),
+            ),
+            (json!({ "hostname": "lf.d" }), names(&["golf"])),
+            // Case-insensitive (DNS names), on both databases.
+            (json!({ "hostname": "ALPHA" }), names(&["alpha"])),
+            (
+                json!({ "hostname": "Dc2.Example" }),
+                names(&["delta", "kilo"]),
+            ),
+            (json!({ "hostname": "zulu" }), names(&[])),
+            (json!({ "hostname": "%" }), names(&[])),
+            (json!({ "hostname": "_" }), names(&[])),
+            (json!({ "hostname": "a_pha" }), names(&[])),
+            (json!({ "hostname": "" }), all.clone()),
+            // fields combine with "and"
+            (
+                json!({ "poolId": [f.p1], "schedulable": false, "connectivity": ["CONNECTED"] }),
+                names(&["bravo", "golf", "lima"]),
+            ),
+            (
+                json!({ "trust": ["TENANT_OWNED"], "bucket": ["SCHEDULABLE", "EXCLUDED"] }),
+                names(&["india", "juliet"]),
+            ),
+            (
+                json!({ "role": ["HOST"], "labels": [{ "key": "gpu" }], "cordoned": false }),
+                names(&["alpha"]),
+            ),
+        ];
+        for (filter, want) in &cases {
+            assert_eq!(
+                &matching(s, s.admin_token(), filter).await,
+                want,
+                "{:?}: filter {filter}",
+                s.backend
+            );
+        }
+
+        // The API's own explanation agrees with the table (the Rust predicate).
+        let data = s
+            .admin(
+                "{ nodes(first: 100) { edges { node {
+                    hostname poolId gpuCount schedulability { bucket }
+                } } } }",
+                json!({}),
+            )
+            .await;
+        let seen: BTreeMap<String, (Option<String>, String, i64)> = data["nodes"]["edges"]
+            .as_array()
+            .expect("edges")
+            .iter()
+            .map(|e| {
+                let n = &e["node"];
+                (
+                    short(n["hostname"].as_str().expect("a hostname")),
+                    (
+                        n["poolId"].as_str().map(str::to_owned),
+                        n["schedulability"]["bucket"]
+                            .as_str()
+                            .expect("a bucket")
+                            .to_owned(),
+                        n["gpuCount"].as_i64().expect("a count"),
+                    ),
+                )
+            })
+            .collect();
+        let want: BTreeMap<String, (Option<String>, String, i64)> = f
+            .expected
+            .iter()
+            .map(|(k, (pool, bucket, gpus))| {
+                (
+                    (*k).to_owned(),
+                    (pool.clone(), gql_enum(bucket.as_ref()), *gpus),
+                )
+            })
+            .collect();
+        assert_eq!(seen, want, "{:?}", s.backend);
+
+        // A tenant sees only its own nodes, whatever the filter.
+        let tenant = TenantId::parse(&f.tenant_a).expect("a tenant id");
+        let token = s.mint(
+            "acme-viewer",
+            ApiRole::Viewer,
+            Some(&tenant),
+            chrono::Duration::hours(1),
+        );
+        assert_eq!(
+            matching(s, &token, &json!({})).await,
+            names(&["hotel", "india", "juliet"])
+        );
+        assert_eq!(
+            matching(s, &token, &json!({ "schedulable": true })).await,
+            names(&["india"])
+        );
+        assert_eq!(
+            matching(s, &token, &json!({ "poolId": [f.p1] })).await,
+            names(&[])
+        );
+
+        // Malformed ids in a filter are refused, not silently matched against nothing.
+        for filter in [
+            json!({ "siteId": ["pool_x"] }),
+            json!({ "poolId": ["site_x"] }),
+        ] {
+            let response = s
+                .gql(
+                    Some(s.admin_token()),
+                    FILTERED_COUNT,
+                    json!({ "f": filter }),
+                )
+                .await;
+            assert_eq!(
+                response.code(),
+                Some("BAD_USER_INPUT"),
+                "{filter}: {:#}",
+                response.body
+            );
+        }
+    })
+    .await;
+}
+
+/// Every page of `nodes(filter, first)`, followed by `after` until `hasNextPage` is false.
+/// Returns the ids page by page; checks `totalCount`, cursors and `hasPreviousPage` on the way.
+async fn all_pages(s: &TestServer, filter: Value, first: i64, total: u64) -> Vec<Vec<String>> {
+    let mut pages = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let data = s
+            .admin(
+                "query($f: NodeFilterInput, $first: Int, $after: String) {
+                    nodes(filter: $f, first: $first, after: $after) {
+                        totalCount
+                        pageInfo { hasNextPage hasPreviousPage startCursor endCursor }
+                        edges { cursor node { id } }
+                    }
+                }",
+                json!({ "f": filter, "first": first, "after": after }),
+            )
+            .await;
+        let nodes = &data["nodes"];
+        assert_eq!(
+            nodes["totalCount"].as_u64(),
+            Some(total),
+            "totalCount on every page"
+        );
+        let info = &nodes["pageInfo"];
+        assert_eq!(info["hasPreviousPage"], json!(after.is_some()));
+        let edges = nodes["edges"].as_array().expect("edges");
+        let ids: Vec<String> = edges
+            .iter()
+            .map(|e| {
+                let id = e["node"]["id"].as_str().expect("an id").to_owned();
+                assert_eq!(
+                    e["cursor"].as_str(),
+                    Some(id.as_str()),
+                    "the cursor is the node id"
+                );
+                id
+            })
+            .collect();
+        assert_eq!(
+            info["startCursor"].as_str(),
+            ids.first().map(String::as_str)
+        );
+        assert_eq!(info["endCursor"].as_str(), ids.last().map(String::as_str));
+        let more = info["hasNextPage"].as_bool().expect("hasNextPage");
+        after = ids.last().cloned();
+        pages.push(ids);
+        if !more {
+            return pages;
+        }
+        assert!(pages.len() <= total as usize, "paging does not end");
+    }
+}
+
+#[tokio::test]
+async fn nodes_pages_by_cursor_without_losing_or_repeating_a_node() {
+    each_backend(async |s| {
+        let (site, pool) = s.site_and_pool(8).await;
+        let now = s.clock.now();
+        // 25 nodes; every third one schedulable (9 of them), the rest still `adopting`.
+        let nodes: Vec<NodeRecord> = (0..25)
+            .map(|i| {
+                let mut n = NodeRecord::new(
+                    NewNode {
+                        hostname: format!("page-{i:02}.example.com"),
+                        site_id: SiteId::parse(&site).expect("a site id"),
+                        pool_id: Some(PoolId::parse(&pool).expect("a pool id")),
+                        owner_tenant_id: None,
+                        role: Role::Host,
+                        trust: Trust::Platform,
+                        adapter: Adapter::BcdV1,
+                        drivers: BTreeMap::new(),
+                        provision_state: ProvisionState::Adopting,
+                    },
+                    now,
+                )
+                .expect("a valid node");
+                if i % 3 == 0 {
+                    n.provision_state = ProvisionState::Adopted;
+                    n.generation = 1;
+                    n.observed_generation = 1;
+                    n.connectivity = Connectivity::Connected;
+                }
+                n
+            })
+            .collect();
+        s.insert_nodes(&nodes).await;
+        let mut ids: Vec<String> = nodes.iter().map(|n| n.id.to_string()).collect();
+        ids.sort();
+        let mut schedulable: Vec<String> =
+            nodes.iter().step_by(3).map(|n| n.id.to_string()).collect();
+        schedulable.sort();
+
+        // (filter, first, expected page sizes, expected ids in order)
+        let cases: Vec<(Value, i64, Vec<usize>, &Vec<String>)> = vec![
+            (json!({}), 7, vec![7, 7, 7, 4], &ids),
+            (json!(null), 25, vec![25], &ids),
+            (json!({}), 24, vec![24, 1], &ids),
+            (json!({}), 5, vec![5, 5, 5, 5, 5], &ids),
+            (json!({}), 1000, vec![25], &ids),
+            (
+                json!({ "schedulable": true }),
+                2,
+                vec![2, 2, 2, 2, 1],
+                &schedulable,
+            ),
+            (
+                json!({ "schedulable": true }),
+                3,
+                vec![3, 3, 3],
+                &schedulable,
+            ),
+        ];
+        for (filter, first, sizes, want) in cases {
+            let pages = all_pages(s, filter.clone(), first, want.len() as u64).await;
+            assert_eq!(
+                pages.iter().map(Vec::len).collect::<Vec<_>>(),
+                sizes,
+                "{:?}: {filter} first {first}",
+                s.backend
+            );
+            let flat: Vec<String> = pages.concat();
+            assert_eq!(
+                &flat, want,
+                "{:?}: {filter} first {first}: every node once, ordered by id",
+                s.backend
+            );
+        }
+
+        // After the last node: an empty page with nothing next.
+        let data = s
+            .admin(
+                "query($after: String) { nodes(first: 7, after: $after) {
+                    totalCount pageInfo { hasNextPage } edges { cursor }
+                } }",
+                json!({ "after": ids.last() }),
+            )
+            .await;
+        assert_eq!(data["nodes"]["edges"], json!([]));
+        assert_eq!(data["nodes"]["pageInfo"]["hasNextPage"], json!(false));
+        assert_eq!(data["nodes"]["totalCount"], json!(25));
+        // `first: 0` returns no node but says there are some.
+        let data = s.admin(FIRST_ZERO, json!({})).await;
+        assert_eq!(data["nodes"]["edges"], json!([]));
+        assert_eq!(data["nodes"]["pageInfo"]["hasNextPage"], json!(true));
+
+        for (first, after) in [
+            (json!(-1), json!(null)),
+            (json!(1001), json!(null)),
+            (json!(7), json!("not-a-node")),
+            (json!(7), json!("pool_x")),
+        ] {
+            let response = s
+                .gql(
+                    Some(s.admin_token()),
+                    PAGE_COUNT,
+                    json!({ "first": first, "after": after }),
+                )
+                .await;
+            assert_eq!(
+                response.code(),
+                Some("BAD_USER_INPUT"),
+                "first {first} after {after}: {:#}",
+                response.body
+            );
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn capacity_lists_every_bucket_of_every_pool_with_node_and_gpu_counts() {
+    each_backend(async |s| {
+        let f = Fleet::create(s).await;
+        // Expected: the fleet table grouped by pool and bucket (the deleted node and the
+        // node without a pool count nowhere).
+        let mut want: BTreeMap<String, BTreeMap<CapacityBucket, (i64, i64)>> = BTreeMap::new();
+        for pool in [&f.p1, &f.p2, &f.p3, &f.p4] {
+            want.insert(
+                pool.clone(),
+                CapacityBucket::iter().map(|b| (b, (0, 0))).collect(),
+            );
+        }
+        for (pool, bucket, gpus) in f.expected.values() {
+            if let Some(pool) = pool {
+                let count = want
+                    .get_mut(pool)
+                    .and_then(|m| m.get_mut(bucket))
+                    .expect("a known pool");
+                count.0 += 1;
+                count.1 += gpus;
+            }
+        }
+        // Spot checks of the table itself.
+        assert_eq!(want[&f.p1][&CapacityBucket::Maintenance], (2, 12));
+        assert_eq!(want[&f.p1][&CapacityBucket::Schedulable], (1, 8));
+        assert_eq!(want[&f.p3][&CapacityBucket::Unhealthy], (1, 7));
+
+        let expected_json = |pool: &str| -> Value {
+            let buckets = &want[pool];
+            json!({
+                "poolId": pool,
+                "totalNodes": buckets.values().map(|c| c.0).sum::<i64>(),
+                "totalGpus": buckets.values().map(|c| c.1).sum::<i64>(),
+                // Every bucket, in the order of the enum, zeros where empty.
+                "buckets": CapacityBucket::iter()
+                    .map(|b| {
+                        let (nodes, gpus) = buckets[&b];
+                        json!({ "bucket": gql_enum(b.as_ref()), "nodes": nodes, "gpus": gpus })
+                    })
+                    .collect::<Vec<_>>(),
+            })
+        };
+        let by_pool = |data: &Value| -> BTreeMap<String, Value> {
+            data["capacity"]
+                .as_array()
+                .expect("a list")
+                .iter()
+                .map(|c| {
+                    (
+                        c["poolId"].as_str().expect("a pool id").to_owned(),
+                        c.clone(),
+                    )
+                })
+                .collect()
+        };
+
+        let all = by_pool(&s.admin(CAPACITY, json!({ "pools": null })).await);
+        assert_eq!(
+            all.keys().cloned().collect::<BTreeSet<_>>(),
+            want.keys().cloned().collect(),
+            "{:?}",
+            s.backend
+        );
+        for pool in want.keys() {
+            assert_eq!(
+                all[pool],
+                expected_json(pool),
+                "{:?}: capacity of {pool}",
+                s.backend
+            );
+        }
+        assert_eq!(all[&f.p1]["totalNodes"], json!(7));
+        assert_eq!(all[&f.p1]["totalGpus"], json!(38));
+        assert_eq!(all[&f.p4]["totalNodes"], json!(0));
+
+        let some = by_pool(&s.admin(CAPACITY, json!({ "pools": [f.p1, f.p4] })).await);
+        assert_eq!(
+            some.keys().cloned().collect::<BTreeSet<_>>(),
+            BTreeSet::from([f.p1.clone(), f.p4.clone()])
+        );
+        assert_eq!(some[&f.p1], expected_json(&f.p1));
+
+        // A tenant sees the capacity of its own pools only.
+        let tenant = TenantId::parse(&f.tenant_a).expect("a tenant id");
+        let token = s.mint(
+            "acme-viewer",
+            ApiRole::Viewer,
+            Some(&tenant),
+            chrono::Duration::hours(1),
+        );
+        let response = s
+            .gql(Some(&token), CAPACITY, json!({ "pools": null }))
+            .await;
+        let mine = by_pool(response.data());
+        assert_eq!(mine.keys().cloned().collect::<Vec<_>>(), vec![f.p3.clone()]);
+        assert_eq!(mine[&f.p3], expected_json(&f.p3));
+        let response = s
+            .gql(Some(&token), CAPACITY, json!({ "pools": [f.p1] }))
+            .await;
+        assert_eq!(response.data()["capacity"], json!([]));
+
+        let response = s
+            .gql(
+                Some(s.admin_token()),
+                CAPACITY,
+                json!({ "pools": ["site_x"] }),
+            )
+            .await;
+        assert_eq!(response.code(), Some("BAD_USER_INPUT"));
+    })
+    .await;
+}
+
+/// Runs a node mutation as the admin and returns the node's new version.
+async fn mutate(s: &TestServer, mutation: &str, id: &str, version: i64, extra: Value) -> i64 {
+    let mut input = json!({ "id": id, "version": version });
+    if let (Some(input), Some(extra)) = (input.as_object_mut(), extra.as_object()) {
+        input.extend(extra.clone());
+    }
+    let input_type = match mutation {
+        "labelNode" => "LabelNodeInput",
+        "cordonNode" => "CordonNodeInput",
+        "uncordonNode" => "NodeVersionInput",
+        "taintNode" => "TaintNodeInput",
+        other => panic!("no input type for {other}"),
+    };
+    let data = s
+        .admin(
+            &format!(
+                "mutation($input: {input_type}!) {{ {mutation}(input: $input) {{ version }} }}"
+            ),
+            json!({ "input": input }),
+        )
+        .await;
+    data[mutation]["version"].as_i64().expect("a version")
+}
+
+#[tokio::test]
+async fn a_nodes_events_page_newest_first() {
+    each_backend(async |s| {
+        let (site, pool) = s.site_and_pool(8).await;
+        let node = s.enroll(&site, &pool, "events-1.example.com").await;
+        let other = s.enroll(&site, &pool, "events-2.example.com").await;
+        let id = node["id"].as_str().expect("an id").to_owned();
+        let other_id = other["id"].as_str().expect("an id").to_owned();
+
+        // Interleave changes to both nodes; only the first node's belong in its history.
+        let mut expected = vec!["node.enrolled"];
+        let mut version = node["version"].as_i64().expect("a version");
+        let mut other_version = other["version"].as_i64().expect("a version");
+        for step in 0..6 {
+            let label = json!({ "set": [{ "key": "step", "value": format!("s{step}") }] });
+            version = mutate(s, "labelNode", &id, version, label.clone()).await;
+            expected.push("node.label_set");
+            other_version = mutate(s, "labelNode", &other_id, other_version, label).await;
+        }
+        version = mutate(
+            s,
+            "cordonNode",
+            &id,
+            version,
+            json!({ "reason": "rack move" }),
+        )
+        .await;
+        expected.push("node.cordoned");
+        version = mutate(s, "taintNode", &id, version, json!({ "key": "gpu-burn" })).await;
+        expected.extend(["node.tainted", "node.no_schedule_reason_added"]);
+        mutate(s, "uncordonNode", &id, version, json!({})).await;
+        expected.push("node.uncordoned");
+        expected.reverse(); // newest first
+        assert_eq!(expected.len(), 11);
+
+        let query = "query($id: ID!, $first: Int, $after: String) {
+            node(id: $id) { events(first: $first, after: $after) {
+                pageInfo { hasNextPage hasPreviousPage endCursor }
+                edges { cursor node { id type nodeId } }
+            } }
+        }";
+        for (first, sizes) in [
+            (4, vec![4, 4, 3]),
+            (11, vec![11]),
+            (10, vec![10, 1]),
+            (1, vec![1; 11]),
+            (50, vec![11]),
+        ] {
+            let mut after: Option<String> = None;
+            let mut seen: Vec<(i64, String)> = Vec::new();
+            let mut got_sizes = Vec::new();
+            loop {
+                let data = s
+                    .admin(query, json!({ "id": id, "first": first, "after": after }))
+                    .await;
+                let events = &data["node"]["events"];
+                assert_eq!(
+                    events["pageInfo"]["hasPreviousPage"],
+                    json!(after.is_some())
+                );
+                let edges = events["edges"].as_array().expect("edges");
+                got_sizes.push(edges.len());
+                for edge in edges {
+                    let event = &edge["node"];
+                    let event_id = event["id"].as_str().expect("an event id");
+                    assert_eq!(
+                        edge["cursor"].as_str(),
+                        Some(event_id),
+                        "the cursor is the event id"
+                    );
+                    assert_eq!(event["nodeId"].as_str(), Some(id.as_str()));
+                    let seq = event_id
+                        .strip_prefix("evt_")
+                        .and_then(|n| n.parse::<i64>().ok())
+                        .expect("evt_<seq>");
+                    seen.push((seq, event["type"].as_str().expect("a type").to_owned()));
+                }
+                assert_eq!(
+                    events["pageInfo"]["endCursor"].as_str(),
+                    edges.last().and_then(|e| e["cursor"].as_str())
+                );
+                after = edges
+                    .last()
+                    .and_then(|e| e["cursor"].as_str())
+                    .map(str::to_owned);
+                if events["pageInfo"]["hasNextPage"] != json!(true) {
+                    break;
+                }
+                assert!(got_sizes.len() <= expected.len(), "paging does not end");
+            }
+            assert_eq!(
+                got_sizes, sizes,
+                "{:?}: page sizes for first {first}",
+                s.backend
+            );
+            assert!(
+                seen.windows(2).all(|w| w[0].0 > w[1].0),
+                "{:?}: newest first, no repeats: {seen:?}",
+                s.backend
+            );
+            let types: Vec<&str> = seen.iter().map(|(_, t)| t.as_str()).collect();
+            assert_eq!(types, expected, "{:?}: first {first}", s.backend);
+        }
+
+        let response = s
+            .gql(
+                Some(s.admin_token()),
+                query,
+                json!({ "id": id, "first": 3, "after": "evt_x" }),
+            )
+            .await;
+        assert_eq!(response.code(), Some("BAD_USER_INPUT"));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn provision_state_table_lists_every_edge() {
+    each_backend(async |s| {
+        let data = s
+            .admin("{ provisionStateTable { move from to } }", json!({}))
+            .await;
+        let want: Vec<Value> = PROVISION_STATE_TABLE
+            .iter()
+            .map(|edge| {
+                let from: Vec<String> = edge
+                    .from
+                    .iter()
+                    .map(|s| gql_enum(s.as_static_str()))
+                    .collect();
+                json!({
+                    "move": gql_enum(edge.action.as_ref()),
+                    "from": from,
+                    "to": match edge.to {
+                        Target::State(state) => json!(gql_enum(state.as_static_str())),
+                        Target::FailedFrom => json!(null),
+                    },
+                })
+            })
+            .collect();
+        assert_eq!(data["provisionStateTable"], json!(want));
+        // Every move once.
+        assert_eq!(want.len(), ProvisionMove::iter().count());
+        assert!(want.contains(&json!({ "move": "RECOVER", "from": ["FAILED"], "to": null })));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn tenants_sites_and_pools_are_listed_by_name_within_scope() {
+    each_backend(async |s| {
+        let globex = create_tenant(s, "globex").await;
+        let acme = create_tenant(s, "acme").await;
+        let dc2 = create_site(s, "dc2", None).await;
+        let dc1 = create_site(s, "dc1", None).await;
+        let home = create_site(s, "acme-home", Some(&acme)).await;
+        let gpu = create_pool(
+            s,
+            json!({
+                "siteId": dc1, "name": "gpu", "kind": "METAL_HOST", "expectedGpuCount": 8,
+                "expectedGpuModel": "H100", "drivers": [{ "key": "power", "value": "ipmi" }],
+            }),
+        )
+        .await;
+        let shared = json!({
+            "siteId": dc1, "name": "shared", "kind": "VPS_HOST", "ownerTenantId": globex
+        });
+        let shared = create_pool(s, shared).await;
+        let dedicated = json!({
+            "siteId": dc2, "name": "dedicated", "kind": "METAL_DEDICATED", "agent": "NONE"
+        });
+        let dedicated = create_pool(s, dedicated).await;
+        let own = json!({ "siteId": home, "name": "own", "kind": "PROVIDER" });
+        let own = create_pool(s, own).await;
+
+        let data = s
+            .admin("{ tenants { id name createdAt } }", json!({}))
+            .await;
+        let tenants: Vec<(&str, &str)> = data["tenants"]
+            .as_array()
+            .expect("a list")
+            .iter()
+            .map(|t| {
+                assert!(t["createdAt"].is_string());
+                (
+                    t["id"].as_str().expect("an id"),
+                    t["name"].as_str().expect("a name"),
+                )
+            })
+            .collect();
+        assert_eq!(
+            tenants,
+            vec![(acme.as_str(), "acme"), (globex.as_str(), "globex")]
+        );
+
+        let data = s
+            .admin("{ sites { id name kind ownerTenantId } }", json!({}))
+            .await;
+        assert_eq!(
+            data["sites"],
+            json!([
+                { "id": home, "name": "acme-home", "kind": "CUSTOM", "ownerTenantId": acme },
+                { "id": dc1, "name": "dc1", "kind": "PLATFORM", "ownerTenantId": null },
+                { "id": dc2, "name": "dc2", "kind": "PLATFORM", "ownerTenantId": null },
+            ])
+        );
+
+        let pools_query = "query($site: ID) { pools(siteId: $site) {
+            id siteId name kind agent ownerTenantId expectedGpuCount expectedGpuModel
+            drivers { key value }
+        } }";
+        let gpu_json = json!({
+            "id": gpu, "siteId": dc1, "name": "gpu", "kind": "METAL_HOST", "agent": "BCD",
+            "ownerTenantId": null, "expectedGpuCount": 8, "expectedGpuModel": "H100",
+            "drivers": [{ "key": "power", "value": "ipmi" }],
+        });
+        let shared_json = json!({
+            "id": shared, "siteId": dc1, "name": "shared", "kind": "VPS_HOST", "agent": "BCD",
+            "ownerTenantId": globex,
+            "expectedGpuCount": null, "expectedGpuModel": null, "drivers": [],
+        });
+        // A pool on a tenant's site belongs to that tenant.
+        let own_json = json!({
+            "id": own, "siteId": home, "name": "own", "kind": "PROVIDER", "agent": "BCD",
+            "ownerTenantId": acme,
+            "expectedGpuCount": null, "expectedGpuModel": null, "drivers": [],
+        });
+        let dedicated_json = json!({
+            "id": dedicated, "siteId": dc2, "name": "dedicated", "kind": "METAL_DEDICATED",
+            "agent": "NONE", "ownerTenantId": null,
+            "expectedGpuCount": null, "expectedGpuModel": null, "drivers": [],
+        });
+        let cases = [
+            (
+                json!(null),
+                json!([dedicated_json, gpu_json, own_json, shared_json]),
+            ),
+            (json!(dc1), json!([gpu_json, shared_json])),
+            (json!(home), json!([own_json])),
+            (json!("site_nosuchsite"), json!([])),
+        ];
+        for (site, want) in cases {
+            assert_eq!(
+                s.admin(pools_query, json!({ "site": site })).await["pools"],
+                want,
+                "{:?}: pools(siteId: {site})",
+                s.backend
+            );
+        }
+        let response = s
+            .gql(
+                Some(s.admin_token()),
+                pools_query,
+                json!({ "site": "pool_x" }),
+            )
+            .await;
+        assert_eq!(response.code(), Some("BAD_USER_INPUT"));
+
+        // A tenant's token sees its own tenant, sites and pools only.
+        let token = s.mint(
+            "acme-viewer",
+            ApiRole::Viewer,
+            Some(&TenantId::parse(&acme).expect("an id")),
+            chrono::Duration::hours(1),
+        );
+        let response = s.gql(Some(&token), SCOPE, json!({})).await;
+        assert_eq!(
+            response.data(),
+            &json!({
+                "tenants": [{ "id": acme }], "sites": [{ "id": home }], "pools": [{ "id": own }]
+            })
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn create_site_and_create_pool_refuse_bad_input() {
+    each_backend(async |s| {
+        let acme = create_tenant(s, "acme").await;
+        let globex = create_tenant(s, "globex").await;
+        let dc1 = create_site(s, "dc1", None).await;
+        let dc2 = create_site(s, "dc2", None).await;
+        let home = create_site(s, "acme-home", Some(&acme)).await;
+        create_pool(
+            s,
+            json!({ "siteId": dc1, "name": "gpu", "kind": "METAL_HOST" }),
+        )
+        .await;
+
+        const TENANT: &str = "mutation($name: String!) { createTenant(name: $name) { id } }";
+        let site = |input: Value| (SITE, json!({ "input": input }));
+        let pool = |input: Value| (POOL, json!({ "input": input }));
+        let cases: Vec<(&str, (&str, Value), &str)> = vec![
+            (
+                "duplicate site name",
+                site(json!({ "name": "dc1", "kind": "PLATFORM" })),
+                "BAD_USER_INPUT",
+            ),
+            (
+                "duplicate custom site name",
+                site(json!({ "name": "acme-home", "kind": "CUSTOM", "ownerTenantId": acme })),
+                "BAD_USER_INPUT",
+            ),
+            (
+                "custom site without owner",
+                site(json!({ "name": "x", "kind": "CUSTOM" })),
+                "BAD_USER_INPUT",
+            ),
+            (
+                "platform site with owner",
+                site(json!({ "name": "x", "kind": "PLATFORM", "ownerTenantId": acme })),
+                "BAD_USER_INPUT",
+            ),
+            (
+                "custom site, unknown owner",
+                site(json!({ "name": "x", "kind": "CUSTOM", "ownerTenantId": "ten_nosuchtenant" })),
+                "NOT_FOUND",
+            ),
+            (
+                "custom site, owner not a tenant id",
+                site(json!({ "name": "x", "kind": "CUSTOM", "ownerTenantId": "site_x" })),
+                "BAD_USER_INPUT",
+            ),
+            (
+                "site name with surrounding space",
+                site(json!({ "name": " x", "kind": "PLATFORM" })),
+                "BAD_USER_INPUT",
+            ),
+            (
+                "empty site name",
+                site(json!({ "name": "", "kind": "PLATFORM" })),
+                "BAD_USER_INPUT",
+            ),
+            (
+                "pool on an unknown site",
+                pool(json!({ "siteId": "site_nosuchsite", "name": "p", "kind": "METAL_HOST" })),
+                "NOT_FOUND",
+            ),
+            (
+                "pool on a site id that is not one",
+                pool(json!({ "siteId": "pool_x", "name": "p", "kind": "METAL_HOST" })),
+                "BAD_USER_INPUT",
+            ),
+            (
+                "duplicate pool name in a site",
+                pool(json!({ "siteId": dc1, "name": "gpu", "kind": "VPS_HOST" })),
+                "BAD_USER_INPUT",
+            ),
+            (
+                "pool with an unknown owner",
+                pool(json!({
+                    "siteId": dc1, "name": "p", "kind": "METAL_HOST",
+                    "ownerTenantId": "ten_nosuchtenant"
+                })),
+                "NOT_FOUND",
+            ),
+            (
+                "pool on a tenant's site for another tenant",
+                pool(json!({
+                    "siteId": home, "name": "p", "kind": "PROVIDER", "ownerTenantId": globex
+                })),
+                "BAD_USER_INPUT",
+            ),
+            (
+                "pool with a negative GPU count",
+                pool(json!({
+                    "siteId": dc1, "name": "p", "kind": "METAL_HOST", "expectedGpuCount": -1
+                })),
+                "BAD_USER_INPUT",
+            ),
+            (
+                "empty pool name",
+                pool(json!({ "siteId": dc1, "name": "", "kind": "METAL_HOST" })),
+                "BAD_USER_INPUT",
+            ),
+            (
+                "duplicate tenant name",
+                (TENANT, json!({ "name": "acme" })),
+                "BAD_USER_INPUT",
+            ),
+        ];
+        for (name, (query, variables), code) in &cases {
+            let response = s.gql(Some(s.admin_token()), query, variables.clone()).await;
+            assert_eq!(
+                response.code(),
+                Some(*code),
+                "{:?}: {name}: {:#}",
+                s.backend,
+                response.body
+            );
+            assert!(response.body["data"].is_null(), "{name}: nothing returned");
+        }
+
+        // Only platform admins create: an operator, or a tenant's admin, is FORBIDDEN.
+        let tenant_admin = s.mint(
+            "acme-admin",
+            ApiRole::Admin,
+            Some(&TenantId::parse(&acme).expect("an id")),
+            chrono::Duration::hours(1),
+        );
+        for token in [s.token(ApiRole::Operator), tenant_admin] {
+            let response = s
+                .gql(
+                    Some(&token),
+                    SITE,
+                    json!({ "input": { "name": "y", "kind": "PLATFORM" } }),
+                )
+                .await;
+            assert_eq!(response.code(), Some("FORBIDDEN"), "{:#}", response.body);
+        }
+
+        // Nothing refused was written.
+        let data = s.admin(CATALOG, json!({})).await;
+        assert_eq!(
+            data,
+            json!({
+                "tenants": [{ "name": "acme" }, { "name": "globex" }],
+                "sites": [{ "name": "acme-home" }, { "name": "dc1" }, { "name": "dc2" }],
+                "pools": [{ "name": "gpu", "siteId": dc1 }],
+            })
+        );
+        // A pool name is unique per site, not globally.
+        create_pool(
+            s,
+            json!({ "siteId": dc2, "name": "gpu", "kind": "METAL_HOST" }),
+        )
+        .await;
+    })
+    .await;
+}
