@@ -165,7 +165,12 @@ mod tests {
             (ApiError::Unauthenticated(String::new()), "UNAUTHENTICATED"),
             (ApiError::Forbidden(String::new()), "FORBIDDEN"),
             (ApiError::BadUserInput(String::new()), "BAD_USER_INPUT"),
-            (ApiError::ResumeRequired { cursor: "evt_1".into() }, "RESUME_REQUIRED"),
+            (
+                ApiError::ResumeRequired {
+                    cursor: "evt_1".into(),
+                },
+                "RESUME_REQUIRED",
+            ),
             (
                 ApiError::internal(anyhow::anyhow!("secret detail")),
                 "INTERNAL",
@@ -189,5 +194,15 @@ mod tests {
         });
         let ext = serde_json::to_value(&gql.extensions).expect("serialises");
         assert_eq!(ext["currentVersion"], 5);
+    }
+}
+
+/// For callers outside the API (the CLI): the code and message as an `anyhow` error.
+impl From<ApiError> for anyhow::Error {
+    fn from(err: ApiError) -> Self {
+        match err {
+            ApiError::Internal(source) => source,
+            other => anyhow::anyhow!("{}: {}", other.code(), other.message()),
+        }
     }
 }

@@ -1,6 +1,6 @@
 //! `schema.graphql` is the API contract: it must equal the schema the code builds.
 //! After an intended change, regenerate it with
-//! `cargo run -p better-compute -- schema > schema.graphql`
+//! `cargo run --bin better-compute -- schema > schema.graphql`
 //! (or run this test with `UPDATE_SCHEMA=1`).
 
 use std::path::PathBuf;
@@ -17,6 +17,6 @@ fn schema_graphql_matches_the_code() {
     assert!(
         checked_in == generated,
         "schema.graphql is out of date with the code; regenerate it with \
-         `cargo run -p better-compute -- schema > schema.graphql` and review the diff"
+         `cargo run --bin better-compute -- schema > schema.graphql` and review the diff"
     );
 }

@@ -1,9 +1,16 @@
 //! Test support for Better Compute: a real server on a throwaway database, reached over
-//! real HTTP, on SQLite and on PostgreSQL.
+//! real HTTP, on SQLite and on PostgreSQL; and the daemon side of `bcd/v1` for real
+//! ([`FakeDaemon`]) with a fleet simulator ([`Fleet`], [`run_sim`]) on top.
 //!
 //! Every API test goes through [`each_backend`], which runs the same test body once per
 //! database backend, so the two can never drift apart unnoticed.
 
+pub mod daemon;
+pub mod inventory;
 pub mod server;
+pub mod sim;
+pub mod subscription;
 
+pub use daemon::{CaTrust, DaemonError, DaemonKnobs, DaemonStatus, FakeDaemon, GatewayContext, Phase};
 pub use server::{Backend, Gql, TestServer, each_backend};
+pub use sim::{Fleet, KnobOverride, Progress, SimOptions, run_sim};

@@ -113,15 +113,22 @@ impl Gql {
 /// The JWT secret test servers sign with.
 const TEST_SECRET: &str = "better-compute-test-secret-0123456789abcdef";
 
-/// A running server on its own database.
+/// What every server on one test database shares: the database and the data directory
+/// (the CA). It goes (and a PostgreSQL database is dropped) when the last server on it stops.
+struct SharedState {
+    database: TestDatabase,
+    data_dir: tempfile::TempDir,
+}
+
+/// A running server on its own database, or a replica on the database of another
+/// ([`TestServer::replica`]).
 pub struct TestServer {
     pub backend: Backend,
     pub clock: ManualClock,
     pub server: RunningServer,
-    database: TestDatabase,
+    shared: Arc<SharedState>,
     client: reqwest::Client,
     admin_token: String,
-    _data_dir: tempfile::TempDir,
 }
 
 impl TestServer {
@@ -129,10 +136,16 @@ impl TestServer {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let database = TestDatabase::create(backend).await?;
         let data_dir = tempfile::tempdir()?;
+        let clock = ManualClock::new(bc_core::clock::Clock::now(&bc_core::clock::SystemClock));
+        TestServer::start_on(backend, Arc::new(SharedState { database, data_dir }), clock).await
+    }
+
+    /// A server on `shared`'s database, listening on fresh loopback ports.
+    async fn start_on(backend: Backend, shared: Arc<SharedState>, clock: ManualClock) -> anyhow::Result<TestServer> {
         let config = Config {
             listen: "127.0.0.1:0".parse()?,
-            data_dir: data_dir.path().to_path_buf(),
-            database_url: Some(database.url.clone()),
+            data_dir: shared.data_dir.path().to_path_buf(),
+            database_url: Some(shared.database.url.clone()),
             gateway: better_compute::gateway::GatewayConfig {
                 listen: "127.0.0.1:0".parse()?,
                 ..Default::default()
@@ -143,10 +156,31 @@ impl TestServer {
             },
             ..Config::default()
         };
-        let clock = ManualClock::new(bc_core::clock::Clock::now(&bc_core::clock::SystemClock));
         let server = app::start(&config, Arc::new(clock.clone())).await?;
         let admin_token = server.keys.mint("test-admin", &[Role::Admin], None, Duration::hours(1), Utc::now())?;
-        Ok(TestServer { backend, clock, server, database, client: reqwest::Client::new(), admin_token, _data_dir: data_dir })
+        Ok(TestServer { backend, clock, server, shared, client: reqwest::Client::new(), admin_token })
+    }
+
+    /// A second server ("replica") on this server's database: its own listeners (new ports),
+    /// live event feed, controllers and gateway, the same CA, JWT secret and clock, as
+    /// another process of the same deployment would be. Tokens of either work on both.
+    /// Stop each with [`TestServer::stop`]; the database is dropped with the last of them.
+    pub async fn replica(&self) -> anyhow::Result<TestServer> {
+        TestServer::start_on(self.backend, self.shared.clone(), self.clock.clone()).await
+    }
+
+    /// Stops the server (as [`TestServer::stop`] does, but keeping its database) and starts
+    /// it again on the same database, data directory and clock. It listens on new ports:
+    /// read [`TestServer::url`] again. Replicas on the same database keep running.
+    pub async fn restart(self) -> anyhow::Result<TestServer> {
+        let TestServer { backend, clock, server, shared, .. } = self;
+        server.shutdown().await?;
+        TestServer::start_on(backend, shared, clock).await
+    }
+
+    /// The database URL this server (and any replica of it) uses.
+    pub fn database_url(&self) -> &str {
+        &self.shared.database.url
     }
 
     pub fn url(&self) -> String {
@@ -273,10 +307,13 @@ impl TestServer {
         .to_owned()
     }
 
-    /// Stops the server and drops its database.
+    /// Stops the server and drops its database, unless a replica still runs on it (then
+    /// the last server to stop drops it).
     pub async fn stop(self) {
         self.server.shutdown().await.expect("a clean shutdown");
-        self.database.drop_database().await.expect("dropping the test database");
+        if let Some(shared) = Arc::into_inner(self.shared) {
+            shared.database.drop_database().await.expect("dropping the test database");
+        }
     }
 }
 

@@ -17,6 +17,7 @@ use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::feed::{Feed, FeedEvent};
 use crate::service::nodes::NodeFilter;
+use crate::store::events;
 
 pub struct SubscriptionRoot;
 
@@ -136,8 +137,13 @@ async fn node_change_stream(
             Some(cursor) => cursor,
             None => {
                 // The snapshot is taken after the head is read, so a change that lands while
-                // the snapshot pages is delivered again as a change: nothing is missed.
-                let head = feed.head();
+                // the snapshot pages is delivered again as a change: nothing is missed. The
+                // head is the table's, not the feed's: the feed may not have read the newest
+                // events yet, and those are already in the snapshot.
+                let head = match events::head(services.store.db()).await {
+                    Ok(head) => head,
+                    Err(err) => { yield Err(ApiError::from(err).into()); return; }
+                };
                 let mut page_after: Option<String> = None;
                 loop {
                     let page = match services.nodes(&principal, filter.clone(), page_after.as_deref(), SNAPSHOT_PAGE).await {
@@ -201,7 +207,13 @@ impl SubscriptionRoot {
         let services = services(ctx)?.clone();
         let principal = principal(ctx)?.clone();
         let feed = ctx.data::<Arc<Feed>>()?.clone();
-        let start = start_cursor(after.as_ref())?.unwrap_or_else(|| feed.head());
+        // From now: the table's head, which the feed may not have read yet.
+        let start = match start_cursor(after.as_ref())? {
+            Some(start) => start,
+            None => events::head(services.store.db())
+                .await
+                .map_err(ApiError::from)?,
+        };
         let types = types.unwrap_or_default();
         let node_id = node_id.map(|n| n.to_string());
         let expires_at = principal.expires_at;

@@ -1,0 +1,359 @@
+//! `better-compute`: the control plane binary.
+
+use anyhow::Context;
+use bc_core::axes::{PoolKind, SiteKind};
+use bc_core::catalog::HardwareProfile;
+use bc_core::clock::SystemClock;
+use bc_core::ids::TenantId;
+use bc_testing::{CaTrust, Progress, SimOptions, run_sim};
+use better_compute::app::{self, RunningServer};
+use better_compute::auth::{Principal, Role, TokenKeys};
+use better_compute::config::Config;
+use better_compute::service::catalog::NewPool;
+use better_compute::service::join::NewJoinToken;
+use better_compute::service::nodes::NodeFilter;
+use better_compute::{graphql, telemetry};
+use clap::{Parser, Subcommand};
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(
+    name = "better-compute",
+    version,
+    about = "The Better Compute GPU fleet control plane"
+)]
+struct Cli {
+    /// A TOML configuration file; `BC_…` environment variables override it.
+    #[arg(long, global = true, env = "BC_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Runs the server.
+    Serve,
+    /// Runs the server on the embedded default, prints its URL and an admin token, and
+    /// optionally a simulated fleet that joins it.
+    Dev {
+        /// Simulated nodes (FakeDaemons) that join and connect.
+        #[arg(long, default_value_t = 0)]
+        sim: usize,
+        /// GPUs each simulated node reports (the dev pool expects 8).
+        #[arg(long, default_value_t = 8)]
+        sim_gpus: u32,
+        /// Give the fleet a realistic mix of failing diagnostics, missing GPUs and XID errors.
+        #[arg(long)]
+        sim_mixed: bool,
+        /// How long the printed admin token lives, in hours.
+        #[arg(long, default_value_t = 12)]
+        token_hours: i64,
+    },
+    /// Points simulated nodes at a running server's gateway.
+    Sim {
+        /// The gateway URL, e.g. https://127.0.0.1:8443.
+        #[arg(long)]
+        server: String,
+        /// A join token secret (`createJoinToken`'s `secret`) admitting at least `--nodes` joins.
+        #[arg(long)]
+        token: String,
+        #[arg(long, default_value_t = 10)]
+        nodes: usize,
+        /// The CA certificate to trust (PEM file).
+        #[arg(long, conflicts_with = "ca_sha256")]
+        ca_file: Option<PathBuf>,
+        /// The CA's SHA-256 fingerprint to pin (`createJoinToken`'s `caCertificateSha256`).
+        #[arg(long)]
+        ca_sha256: Option<String>,
+        /// GPUs each simulated node reports.
+        #[arg(long, default_value_t = 8)]
+        gpus: u32,
+        /// Give the fleet a realistic mix of failing diagnostics, missing GPUs and XID errors.
+        #[arg(long)]
+        mixed: bool,
+    },
+    /// Mints a token signed with the configured secret.
+    Token {
+        #[arg(long)]
+        subject: String,
+        /// admin, operator or viewer.
+        #[arg(long, default_value = "viewer")]
+        role: Role,
+        /// Scope the token to one tenant (`ten_…`).
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Lifetime in hours.
+        #[arg(long, default_value_t = 1)]
+        hours: i64,
+    },
+    /// Prints the GraphQL schema (SDL), which `schema.graphql` must equal.
+    Schema,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let cli = Cli::parse();
+    let config = Config::load(cli.config.as_deref())?;
+    match cli.command {
+        Command::Serve => {
+            telemetry::init_logging(&config.log);
+            let server = app::start(&config, Arc::new(SystemClock)).await?;
+            app::shutdown_signal().await;
+            tracing::info!("shutting down: finishing requests in flight");
+            server.shutdown().await
+        }
+        Command::Dev {
+            sim,
+            sim_gpus,
+            sim_mixed,
+            token_hours,
+        } => {
+            telemetry::init_logging(&config.log);
+            dev(&config, sim, sim_gpus, sim_mixed, token_hours).await
+        }
+        Command::Sim {
+            server,
+            token,
+            nodes,
+            ca_file,
+            ca_sha256,
+            gpus,
+            mixed,
+        } => {
+            telemetry::init_logging(&config.log);
+            let ca = match (ca_file, ca_sha256) {
+                (Some(file), _) => CaTrust::Pem(
+                    std::fs::read_to_string(&file)
+                        .with_context(|| format!("reading {}", file.display()))?,
+                ),
+                (None, Some(pin)) => CaTrust::Sha256Pin(pin),
+                (None, None) => CaTrust::TrustOnFirstUse,
+            };
+            let options = sim_options(gpus, mixed);
+            let progress = run_sim(
+                &server,
+                &token,
+                ca,
+                nodes,
+                options,
+                print_progress,
+                app::shutdown_signal(),
+            )
+            .await?;
+            writeln!(std::io::stdout(), "stopped: {progress}")?;
+            Ok(())
+        }
+        Command::Token {
+            subject,
+            role,
+            tenant,
+            hours,
+        } => {
+            let keys = TokenKeys::new(&config.jwt_secret()?, &config.auth.audience)?;
+            let tenant = tenant
+                .as_deref()
+                .map(TenantId::parse)
+                .transpose()
+                .context("--tenant")?;
+            let token = keys.mint(
+                &subject,
+                &[role],
+                tenant.as_ref(),
+                chrono::Duration::hours(hours),
+                chrono::Utc::now(),
+            )?;
+            writeln!(std::io::stdout(), "{token}")?;
+            Ok(())
+        }
+        Command::Schema => {
+            write!(std::io::stdout(), "{}", graphql::sdl())?;
+            Ok(())
+        }
+    }
+}
+
+fn sim_options(gpus: u32, mixed: bool) -> SimOptions {
+    let mut options = if mixed {
+        SimOptions::mixed()
+    } else {
+        SimOptions::default()
+    };
+    options.knobs.gpu_count = gpus;
+    options
+}
+
+fn print_progress(progress: Progress) {
+    let _ = writeln!(std::io::stdout(), "  {progress}");
+}
+
+/// How often `dev --sim` prints the fleet's progress.
+const DEV_PROGRESS_EVERY: Duration = Duration::from_secs(2);
+/// The names of what `dev --sim` creates (once; later runs reuse them).
+const DEV_SITE: &str = "dev";
+const DEV_POOL: &str = "dev-gpu";
+
+async fn dev(
+    config: &Config,
+    sim: usize,
+    sim_gpus: u32,
+    sim_mixed: bool,
+    token_hours: i64,
+) -> anyhow::Result<()> {
+    let server = app::start(config, Arc::new(SystemClock)).await?;
+    let now = chrono::Utc::now();
+    let token = server.keys.mint(
+        "dev-admin",
+        &[Role::Admin],
+        None,
+        chrono::Duration::hours(token_hours),
+        now,
+    )?;
+    let mut out = std::io::stdout();
+    writeln!(out, "\nBetter Compute is running.")?;
+    writeln!(
+        out,
+        "  GraphQL (GraphiQL in a browser): {}/graphql",
+        server.url()
+    )?;
+    if let Some(gateway) = server.gateway_url() {
+        writeln!(out, "  Gateway for daemons:            {gateway}")?;
+    }
+    writeln!(
+        out,
+        "  Admin token ({token_hours} h), send as `Authorization: Bearer <token>`:\n  {token}\n"
+    )?;
+
+    if sim == 0 {
+        app::shutdown_signal().await;
+        return server.shutdown().await;
+    }
+    let secret = dev_join_token(&server, sim, sim_gpus).await?;
+    let gateway = server.gateway_url().context("the server runs no gateway")?;
+    let ca = CaTrust::Pem(server.services.ca.cert_pem().to_owned());
+    let mut options = sim_options(sim_gpus, sim_mixed);
+    options.report_every = DEV_PROGRESS_EVERY;
+    writeln!(
+        out,
+        "Starting {sim} simulated nodes (joined / connected / schedulable):"
+    )?;
+    let services = server.services.clone();
+    let admin = dev_principal(now);
+    let last_line = Arc::new(std::sync::Mutex::new(String::new()));
+    let report = move |progress: Progress| {
+        let services = services.clone();
+        let admin = admin.clone();
+        let last_line = last_line.clone();
+        // Counting schedulable nodes needs the database; do it off the reporting callback.
+        tokio::spawn(async move {
+            let filter = NodeFilter {
+                schedulable: Some(true),
+                ..NodeFilter::default()
+            };
+            let schedulable = services.count_nodes(&admin, filter).await.unwrap_or(0);
+            let line = format!(
+                "  {}/{} joined, {}/{} connected, {schedulable}/{} schedulable, {} errors",
+                progress.joined,
+                progress.nodes,
+                progress.connected,
+                progress.nodes,
+                progress.nodes,
+                progress.errors
+            );
+            // Print only what changed: a steady fleet stays quiet.
+            let mut last = last_line
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if *last != line {
+                let _ = writeln!(std::io::stdout(), "{line}");
+                *last = line;
+            }
+        });
+    };
+    let result = run_sim(
+        &gateway,
+        &secret,
+        ca,
+        sim,
+        options,
+        report,
+        app::shutdown_signal(),
+    )
+    .await;
+    tracing::info!("shutting down");
+    server.shutdown().await?;
+    result.map(|_| ()).map_err(Into::into)
+}
+
+/// The principal `dev` acts as when it sets up the simulated fleet's site, pool and token.
+fn dev_principal(now: chrono::DateTime<chrono::Utc>) -> Principal {
+    Principal {
+        subject: "dev-admin".to_owned(),
+        role: Role::Admin,
+        tenant: None,
+        expires_at: now + chrono::Duration::days(1),
+    }
+}
+
+/// The dev site and pool (created on the first run) and a fresh join token for `nodes` joins.
+async fn dev_join_token(server: &RunningServer, nodes: usize, gpus: u32) -> anyhow::Result<String> {
+    let services = &server.services;
+    let admin = dev_principal(chrono::Utc::now());
+    let site = match services
+        .sites(&admin)
+        .await?
+        .into_iter()
+        .find(|s| s.name == DEV_SITE)
+    {
+        Some(site) => site,
+        None => {
+            services
+                .create_site(&admin, DEV_SITE, SiteKind::Platform, None)
+                .await?
+        }
+    };
+    let pool = match services
+        .pools(&admin, Some(&site.id))
+        .await?
+        .into_iter()
+        .find(|p| p.name == DEV_POOL)
+    {
+        Some(pool) => pool,
+        None => {
+            services
+                .create_pool(
+                    &admin,
+                    NewPool {
+                        site_id: site.id.clone(),
+                        name: DEV_POOL.to_owned(),
+                        kind: PoolKind::MetalHost,
+                        agent: bc_core::axes::PoolAgent::Bcd,
+                        owner_tenant_id: None,
+                        hardware_profile: HardwareProfile {
+                            gpu_count: Some(gpus),
+                            gpu_model: None,
+                        },
+                        drivers: Default::default(),
+                    },
+                )
+                .await?
+        }
+    };
+    let (_, secret) = services
+        .create_join_token(
+            &admin,
+            NewJoinToken {
+                site_id: site.id,
+                pool_id: Some(pool.id),
+                lifetime: None,
+                max_uses: Some(i64::try_from(nodes).unwrap_or(i64::MAX)),
+                description: format!("better-compute dev --sim {nodes}"),
+            },
+        )
+        .await?;
+    Ok(secret)
+}
