@@ -137,6 +137,16 @@ impl From<ApiError> for async_graphql::Error {
 
 pub type ApiResult<T> = Result<T, ApiError>;
 
+/// For callers outside the API (the CLI): the code and message as an `anyhow` error.
+impl From<ApiError> for anyhow::Error {
+    fn from(err: ApiError) -> Self {
+        match err {
+            ApiError::Internal(source) => source,
+            other => anyhow::anyhow!("{}: {}", other.code(), other.message()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -194,15 +204,5 @@ mod tests {
         });
         let ext = serde_json::to_value(&gql.extensions).expect("serialises");
         assert_eq!(ext["currentVersion"], 5);
-    }
-}
-
-/// For callers outside the API (the CLI): the code and message as an `anyhow` error.
-impl From<ApiError> for anyhow::Error {
-    fn from(err: ApiError) -> Self {
-        match err {
-            ApiError::Internal(source) => source,
-            other => anyhow::anyhow!("{}: {}", other.code(), other.message()),
-        }
     }
 }

@@ -150,6 +150,9 @@ impl TestServer {
                 listen: "127.0.0.1:0".parse()?,
                 ..Default::default()
             },
+            // Tests drive Liveness and drain deadlines with `tick()` and the ManualClock; a
+            // background loop reading the same clock would race them.
+            liveness: better_compute::config::LivenessConfig { enabled: false, ..Default::default() },
             auth: better_compute::config::AuthConfig {
                 jwt_secret: Some(TEST_SECRET.to_owned()),
                 ..Default::default()

@@ -428,7 +428,17 @@ impl Services {
                     None,
                     &|_| true,
                     &cause,
-                    |n, by, now| Ok(n.set_connectivity(Connectivity::Disconnected, by, now)),
+                    |n, by, now| {
+                        // Only a connected node becomes disconnected: if Liveness already
+                        // marked it unreachable or lost, the session's end is old news, and
+                        // moving it would restart the lost timer.
+                        Ok(match n.connectivity {
+                            Connectivity::Connected => {
+                                n.set_connectivity(Connectivity::Disconnected, by, now)
+                            }
+                            _ => Vec::new(),
+                        })
+                    },
                 )
                 .await;
             match result {

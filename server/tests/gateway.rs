@@ -1,0 +1,682 @@
+//! The daemon side of the control plane through its real doors: JoinService and renewal over
+//! HTTPS, sessions over WebSocket over TLS with client certificates, on both databases.
+//! A small raw client (below) lets these tests send exactly the bytes they mean, garbage
+//! included; the FakeDaemon in `bc-testing` is the well-behaved daemon.
+
+#![allow(clippy::unwrap_used)]
+
+use bc_core::clock::Clock;
+use bc_core::protocol::{DaemonMessage, GatewayMessage, IssuedIdentity, section_hash};
+use bc_testing::{TestServer, each_backend};
+use futures::{SinkExt, StreamExt};
+use rustls::pki_types::{
+    CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName, pem::PemObject,
+};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+
+/// How long a test waits for the gateway to answer before it calls the test failed.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+
+type Ws =
+    tokio_tungstenite::WebSocketStream<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>;
+
+/// A machine: its key and identifiers.
+struct Machine {
+    key: rcgen::KeyPair,
+    identifiers: BTreeMap<String, String>,
+}
+
+impl Machine {
+    fn new() -> Machine {
+        let id = uuid::Uuid::new_v4();
+        Machine {
+            key: rcgen::KeyPair::generate().unwrap(),
+            identifiers: BTreeMap::from([
+                ("system-uuid".to_owned(), id.to_string()),
+                (
+                    "board-serial".to_owned(),
+                    format!("SN{}", &id.simple().to_string()[..10]),
+                ),
+            ]),
+        }
+    }
+
+    fn csr(&self) -> String {
+        rcgen::CertificateParams::new(Vec::<String>::new())
+            .unwrap()
+            .serialize_request(&self.key)
+            .unwrap()
+            .pem()
+            .unwrap()
+    }
+
+    fn key_der(&self) -> PrivateKeyDer<'static> {
+        PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(self.key.serialize_der()))
+    }
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn tls_config(
+    ca_pem: &str,
+    client: Option<(&str, PrivateKeyDer<'static>)>,
+) -> Arc<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(ca_pem.as_bytes()).unwrap())
+        .unwrap();
+    let builder = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots);
+    Arc::new(match client {
+        Some((cert_pem, key)) => {
+            let chain: Vec<CertificateDer<'static>> =
+                CertificateDer::pem_slice_iter(cert_pem.as_bytes())
+                    .collect::<Result<_, _>>()
+                    .unwrap();
+            builder.with_client_auth_cert(chain, key).unwrap()
+        }
+        None => builder.with_no_client_auth(),
+    })
+}
+
+fn http(ca_pem: &str, client: Option<(&str, PrivateKeyDer<'static>)>) -> reqwest::Client {
+    let config = Arc::unwrap_or_clone(tls_config(ca_pem, client));
+    reqwest::Client::builder()
+        .tls_backend_preconfigured(config)
+        .build()
+        .unwrap()
+}
+
+/// POSTs `/v1/join`; returns the status and the JSON body.
+async fn post_join(s: &TestServer, body: Value) -> (u16, Value) {
+    let response = http(&s.ca_pem(), None)
+        .post(format!("{}/v1/join", s.gateway_url()))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    (
+        response.status().as_u16(),
+        response.json().await.unwrap_or(Value::Null),
+    )
+}
+
+async fn join(s: &TestServer, machine: &Machine, secret: &str, hostname: &str) -> IssuedIdentity {
+    let (status, body) = post_join(s, json!({
+        "token": secret, "csrPem": machine.csr(), "hostname": hostname, "identifiers": machine.identifiers,
+    }))
+    .await;
+    assert_eq!(status, 200, "{body:#}");
+    serde_json::from_value(body).unwrap()
+}
+
+/// Opens a session's WebSocket with `cert_pem` as the client certificate.
+async fn connect(
+    s: &TestServer,
+    cert_pem: &str,
+    key: PrivateKeyDer<'static>,
+) -> Result<Ws, String> {
+    let config = tls_config(&s.ca_pem(), Some((cert_pem, key)));
+    let address = s.gateway_url().trim_start_matches("https://").to_owned();
+    let tcp = tokio::net::TcpStream::connect(&address)
+        .await
+        .map_err(|e| e.to_string())?;
+    let tls = tokio_rustls::TlsConnector::from(config)
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .map_err(|e| format!("tls: {e}"))?;
+    let mut request =
+        tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(format!(
+            "wss://{address}/v1/session"
+        ))
+        .unwrap();
+    request
+        .headers_mut()
+        .insert("Sec-WebSocket-Protocol", "bcd.v1".parse().unwrap());
+    let (ws, _) = tokio_tungstenite::client_async(request, tls)
+        .await
+        .map_err(|e| format!("upgrade: {e}"))?;
+    Ok(ws)
+}
+
+async fn send(ws: &mut Ws, message: &DaemonMessage) {
+    ws.send(Message::Text(
+        serde_json::to_string(message).unwrap().into(),
+    ))
+    .await
+    .unwrap();
+}
+
+/// The next gateway message, or the close frame (code, reason) that ended the session.
+async fn next(ws: &mut Ws) -> Result<GatewayMessage, (Option<CloseCode>, String)> {
+    loop {
+        let frame = tokio::time::timeout(ANSWER_TIMEOUT, ws.next())
+            .await
+            .expect("the gateway answers in time");
+        match frame {
+            Some(Ok(Message::Text(text))) => return Ok(serde_json::from_str(&text).unwrap()),
+            Some(Ok(Message::Close(frame))) => {
+                return Err((
+                    frame.as_ref().map(|f| f.code),
+                    frame.map(|f| f.reason.to_string()).unwrap_or_default(),
+                ));
+            }
+            Some(Ok(_)) => continue,
+            Some(Err(err)) => return Err((None, err.to_string())),
+            None => return Err((None, "closed".into())),
+        }
+    }
+}
+
+fn hello(observed_generation: i64) -> DaemonMessage {
+    DaemonMessage::Hello {
+        daemon_version: "test".into(),
+        inventory_hashes: BTreeMap::from([("gpus".into(), section_hash(&json!({"count": 8})))]),
+        observed_generation,
+    }
+}
+
+async fn node(s: &TestServer, id: &str) -> Value {
+    s.admin(
+        "query($id: ID!) { node(id: $id) { id version provisionState connectivity identityGeneration role trust hardwareKeyTrusted session { epoch gatewayId lastSeen disconnectedAt } } }",
+        json!({ "id": id }),
+    )
+    .await["node"]
+    .clone()
+}
+
+async fn node_count(s: &TestServer) -> u64 {
+    s.admin("{ nodes { totalCount } }", json!({})).await["nodes"]["totalCount"]
+        .as_u64()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_daemon_joins_connects_heartbeats_and_disconnects() {
+    each_backend(async |s| {
+        let (site, pool) = s.site_and_pool(8).await;
+        let secret = s.join_token(&site, Some(&pool), 1).await;
+        let machine = Machine::new();
+        let issued = join(s, &machine, &secret, "gpu-001").await;
+        assert!(issued.node_id.starts_with("node_"));
+        assert_eq!(issued.identity_generation, 1);
+        assert_eq!((issued.expires_at - Clock::now(&s.clock)).num_hours(), 24);
+        let joined = node(s, &issued.node_id).await;
+        assert_eq!(joined["provisionState"], "ADOPTING");
+        assert_eq!(joined["role"], "HOST");
+        assert_eq!(joined["trust"], "PLATFORM");
+        assert_eq!(joined["hardwareKeyTrusted"], true);
+        assert_eq!(joined["connectivity"], "DISCONNECTED");
+        let events = s
+            .admin(
+                "query($id: ID!) { node(id: $id) { events { edges { node { type actor } } } } }",
+                json!({"id": issued.node_id}),
+            )
+            .await;
+        assert_eq!(
+            events["node"]["events"]["edges"][0]["node"]["type"],
+            "node.joined"
+        );
+
+        let mut ws = connect(s, &issued.certificate_pem, machine.key_der())
+            .await
+            .unwrap();
+        send(&mut ws, &hello(0)).await;
+        let GatewayMessage::Welcome {
+            epoch,
+            gateway_id,
+            want_sections,
+            heartbeat_interval_secs,
+            spec,
+        } = next(&mut ws).await.unwrap()
+        else {
+            panic!("expected welcome");
+        };
+        assert_eq!(
+            (epoch, heartbeat_interval_secs, spec.generation),
+            (1, 10, 0)
+        );
+        assert_eq!(want_sections, vec!["gpus".to_owned()]);
+        let connected = node(s, &issued.node_id).await;
+        assert_eq!(connected["connectivity"], "CONNECTED");
+        assert_eq!(connected["session"]["gatewayId"], json!(gateway_id));
+        let version = connected["version"].clone();
+
+        // Inventory and heartbeats never change the node's version.
+        let content = json!({"count": 8});
+        send(
+            &mut ws,
+            &DaemonMessage::Inventory {
+                section: "gpus".into(),
+                hash: section_hash(&content),
+                content,
+            },
+        )
+        .await;
+        s.clock.advance(chrono::Duration::seconds(10));
+        send(&mut ws, &DaemonMessage::Heartbeat { seq: 1 }).await;
+        let seen_at = Clock::now(&s.clock);
+        wait_until(async || {
+            node(s, &issued.node_id).await["session"]["lastSeen"]
+                .as_str()
+                .is_some_and(|t| parse_time(t) >= seen_at)
+        })
+        .await;
+        assert_eq!(node(s, &issued.node_id).await["version"], version);
+
+        ws.close(None).await.unwrap();
+        wait_until(async || node(s, &issued.node_id).await["connectivity"] == "DISCONNECTED").await;
+        assert!(node(s, &issued.node_id).await["session"]["disconnectedAt"].is_string());
+
+        // A reconnect sends only changed inventory: the stored hash matches now.
+        let mut ws = connect(s, &issued.certificate_pem, machine.key_der())
+            .await
+            .unwrap();
+        send(&mut ws, &hello(0)).await;
+        let GatewayMessage::Welcome {
+            epoch,
+            want_sections,
+            ..
+        } = next(&mut ws).await.unwrap()
+        else {
+            panic!("expected welcome")
+        };
+        assert_eq!(epoch, 2);
+        assert!(want_sections.is_empty());
+    })
+    .await;
+}
+
+fn parse_time(raw: &str) -> chrono::DateTime<chrono::Utc> {
+    chrono::DateTime::parse_from_rfc3339(raw)
+        .unwrap()
+        .with_timezone(&chrono::Utc)
+}
+
+/// Polls `condition` until it holds (the gateway writes heartbeats and closes asynchronously).
+async fn wait_until(mut condition: impl AsyncFnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + ANSWER_TIMEOUT;
+    while !condition().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "condition not reached in time"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+#[tokio::test]
+async fn every_refused_join_says_why_and_creates_nothing() {
+    each_backend(async |s| {
+        let (site, pool) = s.site_and_pool(8).await;
+        let machine = Machine::new();
+        let good = s.join_token(&site, Some(&pool), 1).await;
+        let (token_id, _) = good.split_once('.').unwrap();
+
+        let used = s.join_token(&site, Some(&pool), 1).await;
+        join(s, &Machine::new(), &used, "first").await;
+        let revoked = s.join_token(&site, Some(&pool), 5).await;
+        s.admin("mutation($id: ID!) { revokeJoinToken(id: $id) { revokedAt } }", json!({"id": revoked.split_once('.').unwrap().0}))
+            .await;
+        let expiring = s
+            .admin(
+                "mutation($site: ID!) { createJoinToken(input: {siteId: $site, expiresInSeconds: 60}) { secret } }",
+                json!({"site": site}),
+            )
+            .await["createJoinToken"]["secret"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        s.clock.advance(chrono::Duration::seconds(61));
+
+        let mut tampered = machine.csr().into_bytes();
+        let middle = tampered.len() / 2;
+        tampered[middle] = if tampered[middle] == b'A' { b'B' } else { b'A' };
+        let tampered = String::from_utf8(tampered).unwrap();
+
+        let valid = |token: &str| json!({"token": token, "csrPem": machine.csr(), "hostname": "gpu-x", "identifiers": machine.identifiers});
+        let cases: Vec<(&str, Value, u16, &str)> = vec![
+            ("unknown token", valid(&format!("jt_{}.abc", uuid::Uuid::new_v4().simple())), 401, "unknown token"),
+            ("wrong secret", valid(&format!("{token_id}.{}", "0".repeat(64))), 401, "wrong token secret"),
+            ("used up", valid(&used), 401, "used up"),
+            ("revoked", valid(&revoked), 401, "revoked"),
+            ("expired", valid(&expiring), 401, "expired"),
+            ("malformed token", valid("not-a-token"), 400, "malformed"),
+            ("garbage csr", json!({"token": good, "csrPem": "garbage", "hostname": "gpu-x"}), 400, "CSR"),
+            ("tampered csr", json!({"token": good, "csrPem": tampered, "hostname": "gpu-x"}), 400, "CSR"),
+            ("bad hostname", json!({"token": good, "csrPem": machine.csr(), "hostname": "-bad host-"}), 400, "hostname"),
+            ("unknown field", json!({"token": good, "csrPem": machine.csr(), "hostname": "gpu-x", "admin": true}), 400, "malformed join request"),
+            ("not json", json!("just a string"), 400, "malformed join request"),
+        ];
+        let before = node_count(s).await;
+        for (name, body, status, needle) in cases {
+            let (got, answer) = post_join(s, body).await;
+            assert_eq!(got, status, "{name}: {answer:#}");
+            let code = if status == 401 { "UNAUTHENTICATED" } else { "BAD_USER_INPUT" };
+            assert_eq!(answer["code"], code, "{name}: {answer:#}");
+            assert!(answer["message"].as_str().unwrap().contains(needle), "{name}: {answer:#}");
+        }
+        assert_eq!(node_count(s).await, before, "a refused join created a node");
+        // The good token was never spent by the refusals.
+        let tokens = s.admin("{ joinTokens { id uses } }", json!({})).await;
+        let good_token = tokens["joinTokens"].as_array().unwrap().iter().find(|t| t["id"] == token_id).unwrap().clone();
+        assert_eq!(good_token["uses"], 0);
+        join(s, &machine, &good, "gpu-x").await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn replaced_identities_and_foreign_certificates_are_refused_at_the_gateway() {
+    each_backend(async |s| {
+        let (site, pool) = s.site_and_pool(8).await;
+        let secret = s.join_token(&site, Some(&pool), 2).await;
+        let machine = Machine::new();
+        let first = join(s, &machine, &secret, "gpu-001").await;
+        let mut ws = connect(s, &first.certificate_pem, machine.key_der()).await.unwrap();
+        send(&mut ws, &hello(0)).await;
+        assert!(matches!(next(&mut ws).await, Ok(GatewayMessage::Welcome { .. })));
+
+        // Revocation ends the live session at once and refuses the old certificate after.
+        let version = node(s, &first.node_id).await["version"].as_i64().unwrap();
+        s.admin(
+            "mutation($id: ID!, $v: Int!) { revokeNodeIdentity(input: {id: $id, version: $v, reason: \"key leaked\"}) { identityGeneration } }",
+            json!({"id": first.node_id, "v": version}),
+        )
+        .await;
+        match next(&mut ws).await {
+            Ok(GatewayMessage::Goodbye { reason, reconnect }) => {
+                assert_eq!(reason, "identity revoked");
+                assert!(!reconnect);
+            }
+            other => panic!("expected goodbye, got {other:?}"),
+        }
+        let refused = connect(s, &first.certificate_pem, machine.key_der()).await.expect_err("an old generation is refused");
+        assert!(refused.contains("403"), "{refused}");
+        let renew = http(&s.ca_pem(), Some((&first.certificate_pem, machine.key_der())))
+            .post(format!("{}/v1/renew", s.gateway_url()))
+            .json(&json!({"csrPem": machine.csr()}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(renew.status().as_u16(), 403);
+        assert_eq!(renew.json::<Value>().await.unwrap()["code"], "FORBIDDEN");
+
+        // The same machine re-joins in place: same node, next generation, not a twin.
+        let again = join(s, &machine, &secret, "gpu-001").await;
+        assert_eq!(again.node_id, first.node_id);
+        assert_eq!(again.identity_generation, 3);
+        assert_eq!(node_count(s).await, 1);
+        assert!(connect(s, &again.certificate_pem, machine.key_der()).await.is_ok());
+        assert!(connect(s, &first.certificate_pem, machine.key_der()).await.is_err());
+
+        // Renewal keeps the node and generation.
+        let renewed: IssuedIdentity = http(&s.ca_pem(), Some((&again.certificate_pem, machine.key_der())))
+            .post(format!("{}/v1/renew", s.gateway_url()))
+            .json(&json!({"csrPem": machine.csr()}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!((renewed.node_id.as_str(), renewed.identity_generation), (again.node_id.as_str(), 3));
+
+        // A certificate from another CA, or an expired one from ours, fails the handshake itself.
+        let other_dir = tempfile::tempdir().unwrap();
+        let other_ca = better_compute::pki::Ca::load_or_create(other_dir.path(), chrono::Utc::now()).unwrap();
+        let node_id = bc_core::ids::NodeId::parse(&again.node_id).unwrap();
+        let forged = other_ca.sign_node(&machine.csr(), &node_id, 3, chrono::Utc::now(), chrono::Duration::hours(24)).unwrap();
+        let err = connect(s, &forged.pem, machine.key_der()).await.expect_err("a foreign CA is refused");
+        assert!(err.starts_with("tls") || err.contains("upgrade"), "{err}");
+        let expired = s
+            .server
+            .services
+            .ca
+            .sign_node(&machine.csr(), &node_id, 3, chrono::Utc::now() - chrono::Duration::hours(48), chrono::Duration::hours(24))
+            .unwrap();
+        assert!(connect(s, &expired.pem, machine.key_der()).await.is_err(), "an expired certificate is refused");
+
+        // Deleting the node refuses its certificate too.
+        let (status, _) = post_join(s, json!({"token": secret, "csrPem": machine.csr(), "hostname": "x"})).await;
+        assert_eq!(status, 401, "the two-use token is spent");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_newer_session_replaces_the_older_one() {
+    each_backend(async |s| {
+        let (site, pool) = s.site_and_pool(8).await;
+        let secret = s.join_token(&site, Some(&pool), 1).await;
+        let machine = Machine::new();
+        let issued = join(s, &machine, &secret, "gpu-001").await;
+        let mut older = connect(s, &issued.certificate_pem, machine.key_der())
+            .await
+            .unwrap();
+        send(&mut older, &hello(0)).await;
+        assert!(matches!(
+            next(&mut older).await,
+            Ok(GatewayMessage::Welcome { epoch: 1, .. })
+        ));
+        let mut newer = connect(s, &issued.certificate_pem, machine.key_der())
+            .await
+            .unwrap();
+        send(&mut newer, &hello(0)).await;
+        assert!(matches!(
+            next(&mut newer).await,
+            Ok(GatewayMessage::Welcome { epoch: 2, .. })
+        ));
+        match next(&mut older).await {
+            Ok(GatewayMessage::Goodbye { reason, .. }) => {
+                assert_eq!(reason, "superseded by a newer session")
+            }
+            other => panic!("expected goodbye, got {other:?}"),
+        }
+        // The older session's end does not disconnect the node: the newer one holds it.
+        tokio::time::timeout(ANSWER_TIMEOUT, async {
+            while older.next().await.is_some() {}
+        })
+        .await
+        .unwrap();
+        send(&mut newer, &DaemonMessage::Heartbeat { seq: 1 }).await;
+        let n = node(s, &issued.node_id).await;
+        assert_eq!(n["connectivity"], "CONNECTED");
+        assert_eq!(n["session"]["epoch"], 2);
+    })
+    .await;
+}
+
+/// What a misbehaving daemon sends after (or instead of) `hello`.
+enum Garbage {
+    Text(String),
+    Binary(Vec<u8>),
+}
+
+#[tokio::test]
+async fn garbage_closes_only_that_session_and_loses_nothing() {
+    each_backend(async |s| {
+        let (site, pool) = s.site_and_pool(8).await;
+        let secret = s.join_token(&site, Some(&pool), 100).await;
+        // A well-behaved neighbour that must not notice anything.
+        let neighbour = Machine::new();
+        let neighbour_id = join(s, &neighbour, &secret, "neighbour").await;
+        let mut calm = connect(s, &neighbour_id.certificate_pem, neighbour.key_der())
+            .await
+            .unwrap();
+        send(&mut calm, &hello(0)).await;
+        assert!(matches!(
+            next(&mut calm).await,
+            Ok(GatewayMessage::Welcome { .. })
+        ));
+
+        let hello_text = serde_json::to_string(&hello(0)).unwrap();
+        let oversized = format!(
+            r#"{{"type":"heartbeat","seq":1,"pad":"{}"}}"#,
+            "x".repeat(1024 * 1024 + 10)
+        );
+        // (name, sent before hello?, frames, expected close code, reason fragment)
+        let cases: Vec<(&str, bool, Vec<Garbage>, CloseCode, &str)> = vec![
+            (
+                "binary before hello",
+                true,
+                vec![Garbage::Binary(vec![0, 1, 2])],
+                CloseCode::Policy,
+                "hello",
+            ),
+            (
+                "heartbeat before hello",
+                true,
+                vec![Garbage::Text(r#"{"type":"heartbeat","seq":1}"#.into())],
+                CloseCode::Policy,
+                "first message must be hello",
+            ),
+            (
+                "not json",
+                false,
+                vec![Garbage::Text("{{{".into())],
+                CloseCode::Policy,
+                "malformed",
+            ),
+            (
+                "unknown type",
+                false,
+                vec![Garbage::Text(r#"{"type":"selfDestruct"}"#.into())],
+                CloseCode::Policy,
+                "malformed",
+            ),
+            (
+                "unknown field",
+                false,
+                vec![Garbage::Text(
+                    r#"{"type":"heartbeat","seq":1,"evil":true}"#.into(),
+                )],
+                CloseCode::Policy,
+                "malformed",
+            ),
+            (
+                "binary frame",
+                false,
+                vec![Garbage::Binary(vec![1; 16])],
+                CloseCode::Policy,
+                "binary",
+            ),
+            (
+                "second hello",
+                false,
+                vec![Garbage::Text(hello_text.clone())],
+                CloseCode::Policy,
+                "already",
+            ),
+            (
+                "seq goes back",
+                false,
+                vec![
+                    Garbage::Text(r#"{"type":"heartbeat","seq":5}"#.into()),
+                    Garbage::Text(r#"{"type":"heartbeat","seq":5}"#.into()),
+                ],
+                CloseCode::Policy,
+                "does not increase",
+            ),
+            (
+                "unwanted inventory",
+                false,
+                vec![Garbage::Text(
+                    r#"{"type":"inventory","section":"disks","hash":"x","content":{}}"#.into(),
+                )],
+                CloseCode::Policy,
+                "not asked for",
+            ),
+            (
+                "wrong hash",
+                false,
+                vec![Garbage::Text(
+                    r#"{"type":"inventory","section":"gpus","hash":"00","content":{"count":8}}"#
+                        .into(),
+                )],
+                CloseCode::Policy,
+                "hash",
+            ),
+            (
+                "oversized",
+                false,
+                vec![Garbage::Text(oversized)],
+                CloseCode::Size,
+                "",
+            ),
+        ];
+        for (name, before_hello, frames, code, fragment) in cases {
+            let machine = Machine::new();
+            let issued = join(
+                s,
+                &machine,
+                &secret,
+                &format!("bad-{}", uuid::Uuid::new_v4().simple()),
+            )
+            .await;
+            let mut ws = connect(s, &issued.certificate_pem, machine.key_der())
+                .await
+                .unwrap();
+            if !before_hello {
+                send(&mut ws, &hello(0)).await;
+                assert!(
+                    matches!(next(&mut ws).await, Ok(GatewayMessage::Welcome { .. })),
+                    "{name}"
+                );
+            }
+            let stored = node(s, &issued.node_id).await;
+            for frame in frames {
+                let message = match frame {
+                    Garbage::Text(text) => Message::Text(text.into()),
+                    Garbage::Binary(bytes) => Message::Binary(bytes.into()),
+                };
+                // The gateway may already have closed; a failed send is part of the outcome.
+                let _ = ws.send(message).await;
+            }
+            match next(&mut ws).await {
+                Err((got, reason)) => {
+                    if let Some(got) = got {
+                        assert_eq!(got, code, "{name}: {reason}");
+                    }
+                    assert!(reason.contains(fragment), "{name}: {reason}");
+                }
+                Ok(other) => panic!("{name}: expected the session to close, got {other:?}"),
+            }
+            // Nothing stored was touched beyond the session ending.
+            wait_until(async || node(s, &issued.node_id).await["connectivity"] == "DISCONNECTED")
+                .await;
+            let after = node(s, &issued.node_id).await;
+            assert_eq!(after["provisionState"], stored["provisionState"], "{name}");
+            assert_eq!(
+                after["identityGeneration"], stored["identityGeneration"],
+                "{name}"
+            );
+        }
+        // The neighbour's session is still alive and answers.
+        send(&mut calm, &DaemonMessage::Heartbeat { seq: 1 }).await;
+        assert_eq!(
+            node(s, &neighbour_id.node_id).await["connectivity"],
+            "CONNECTED"
+        );
+        let renewed = http(
+            &s.ca_pem(),
+            Some((&neighbour_id.certificate_pem, neighbour.key_der())),
+        )
+        .post(format!("{}/v1/renew", s.gateway_url()))
+        .json(&json!({"csrPem": neighbour.csr()}))
+        .send()
+        .await
+        .unwrap();
+        assert_eq!(renewed.status().as_u16(), 200);
+    })
+    .await;
+}

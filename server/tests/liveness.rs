@@ -1,0 +1,680 @@
+//! The Liveness and drain-deadline controllers, on both backends. Time moves only through
+//! the server's `ManualClock`; each test stops the background loop and calls `tick()`.
+
+use bc_core::Actor;
+use bc_core::axes::{Adapter, Connectivity, ProvisionState, Role, Trust};
+use bc_core::ids::{NodeId, PoolId, SiteId};
+use bc_core::node::{NewNode, NodeRecord};
+use bc_core::reason::ReasonKey;
+use bc_entity::{event, node_session};
+use bc_testing::{TestServer, each_backend};
+use better_compute::config::LivenessConfig;
+use better_compute::controllers::liveness::{
+    CAUSE_HEARD_AGAIN, CAUSE_LOST, CAUSE_TIMEOUT, EVENT_PAUSED, EVENT_RESUMED,
+};
+use better_compute::controllers::{DrainController, LivenessController, LivenessReport};
+use better_compute::store::rows::StoredEvent;
+use better_compute::store::{events, nodes};
+use chrono::{DateTime, Duration, Utc};
+use sea_orm::ActiveValue::Set;
+use sea_orm::sea_query::Expr;
+use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder};
+use std::collections::BTreeMap;
+
+const GRACE: Duration = Duration::seconds(40);
+const LOST_AFTER: Duration = Duration::minutes(10);
+
+/// The defaults, with the background loop off.
+fn config() -> LivenessConfig {
+    LivenessConfig {
+        enabled: false,
+        ..LivenessConfig::default()
+    }
+}
+
+fn now(s: &TestServer) -> DateTime<Utc> {
+    bc_core::clock::Clock::now(&s.clock)
+}
+
+/// A Liveness controller on the test server's services, with the server's own loop stopped
+/// so that only this test's ticks change anything.
+async fn liveness(s: &TestServer) -> LivenessController {
+    s.server.stop_controllers().await;
+    LivenessController::new(s.server.services.clone(), config())
+}
+
+async fn site(s: &TestServer) -> (SiteId, PoolId) {
+    let (site, pool) = s.site_and_pool(8).await;
+    (
+        SiteId::parse(&site).expect("a site id"),
+        PoolId::parse(&pool).expect("a pool id"),
+    )
+}
+
+/// An adopted host in `site`, `connected` since now.
+fn connected_node(s: &TestServer, (site, pool): &(SiteId, PoolId)) -> NodeRecord {
+    let mut node = NodeRecord::new(
+        NewNode {
+            hostname: format!("gpu-{}.example.com", uuid_suffix()),
+            site_id: site.clone(),
+            pool_id: Some(pool.clone()),
+            owner_tenant_id: None,
+            role: Role::Host,
+            trust: Trust::Platform,
+            adapter: Adapter::BcdV1,
+            drivers: BTreeMap::new(),
+            provision_state: ProvisionState::Adopted,
+        },
+        now(s),
+    )
+    .expect("a valid node");
+    node.connectivity = Connectivity::Connected;
+    node
+}
+
+fn uuid_suffix() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// `count` connected nodes in `site`, each with an open session that heartbeated now.
+async fn connected_nodes(s: &TestServer, site: &(SiteId, PoolId), count: usize) -> Vec<NodeId> {
+    let records: Vec<NodeRecord> = (0..count).map(|_| connected_node(s, site)).collect();
+    s.insert_nodes(&records).await;
+    let ids: Vec<NodeId> = records.into_iter().map(|n| n.id).collect();
+    open_sessions(s, &ids).await;
+    ids
+}
+
+/// What the gateway writes on `Hello`: a session row, open, heartbeated now.
+async fn open_sessions(s: &TestServer, ids: &[NodeId]) {
+    let at = now(s);
+    let txn = s
+        .server
+        .services
+        .store
+        .write()
+        .await
+        .expect("a write transaction");
+    node_session::Entity::insert_many(ids.iter().map(|id| node_session::ActiveModel {
+        node_id: Set(id.to_string()),
+        epoch: Set(1),
+        gateway_id: Set("gw-test".to_owned()),
+        connected_at: Set(at),
+        disconnected_at: Set(None),
+        last_seen: Set(at),
+    }))
+    .exec_without_returning(&*txn)
+    .await
+    .expect("inserting sessions");
+    txn.commit().await.expect("committing");
+}
+
+/// What the gateway writes on a heartbeat: `last_seen` only.
+async fn heartbeat(s: &TestServer, ids: &[NodeId]) {
+    let txn = s
+        .server
+        .services
+        .store
+        .write()
+        .await
+        .expect("a write transaction");
+    node_session::Entity::update_many()
+        .col_expr(node_session::Column::LastSeen, Expr::value(now(s)))
+        .filter(node_session::Column::NodeId.is_in(ids.iter().map(ToString::to_string)))
+        .exec(&*txn)
+        .await
+        .expect("updating sessions");
+    txn.commit().await.expect("committing");
+}
+
+async fn load(s: &TestServer, id: &NodeId) -> NodeRecord {
+    nodes::load(s.server.services.store.db(), id, false)
+        .await
+        .expect("loading a node")
+        .expect("the node exists")
+}
+
+async fn connectivity(s: &TestServer, ids: &[NodeId]) -> Vec<Connectivity> {
+    let mut out = Vec::new();
+    for id in ids {
+        out.push(load(s, id).await.connectivity);
+    }
+    out
+}
+
+/// A node's events, oldest first.
+async fn node_events(s: &TestServer, id: &NodeId) -> Vec<StoredEvent> {
+    let mut list = events::for_node(s.server.services.store.db(), id.as_str(), None, 100)
+        .await
+        .expect("listing events");
+    list.reverse();
+    list
+}
+
+/// Site-level events of one type, oldest first.
+async fn site_events(s: &TestServer, event_type: &str) -> Vec<event::Model> {
+    event::Entity::find()
+        .filter(event::Column::EventType.eq(event_type))
+        .filter(event::Column::NodeId.is_null())
+        .order_by_asc(event::Column::Seq)
+        .all(s.server.services.store.db())
+        .await
+        .expect("listing events")
+}
+
+async fn tick(controller: &mut LivenessController) -> LivenessReport {
+    controller.tick().await.expect("a liveness tick")
+}
+
+#[tokio::test]
+async fn a_silent_node_goes_unreachable_then_lost_and_comes_back() {
+    each_backend(async |s| {
+        let mut liveness = liveness(s).await;
+        let site = site(s).await;
+        let ids = connected_nodes(s, &site, 1).await;
+        let id = &ids[0];
+
+        // Just past the grace without a heartbeat.
+        s.clock.advance(GRACE + Duration::seconds(1));
+        let report = tick(&mut liveness).await;
+        assert_eq!(
+            (report.unreachable, report.lost, report.connected),
+            (1, 0, 0),
+            "{report:?}"
+        );
+        let node = load(s, id).await;
+        assert_eq!(node.connectivity, Connectivity::Unreachable);
+        assert_eq!(node.connectivity_since, now(s));
+        let reason = node
+            .no_schedule_reasons
+            .iter()
+            .find(|r| r.key == ReasonKey::Unreachable)
+            .expect("`unreachable` is a reason");
+        assert_eq!(reason.set_by, Actor::Controller("liveness".into()));
+        assert_eq!(node.version, 2, "one transaction, one version");
+        let history = node_events(s, id).await;
+        let change = history
+            .iter()
+            .find(|e| e.event_type == "node.connectivity_changed")
+            .expect("a connectivity event");
+        assert_eq!(change.actor, "controller:liveness");
+        assert_eq!(change.cause.as_deref(), Some(CAUSE_TIMEOUT));
+        assert_eq!(
+            (change.from.as_deref(), change.to.as_deref()),
+            (Some("connected"), Some("unreachable"))
+        );
+        assert!(
+            history
+                .iter()
+                .any(|e| e.event_type == "node.no_schedule_reason_added"
+                    && e.to.as_deref() == Some("unreachable")
+                    && e.actor == "controller:liveness")
+        );
+
+        // Unreachable, but not yet for ten minutes.
+        s.clock.advance(LOST_AFTER - Duration::seconds(1));
+        assert!(tick(&mut liveness).await.is_quiet());
+        assert_eq!(load(s, id).await.connectivity, Connectivity::Unreachable);
+
+        s.clock.advance(Duration::seconds(2));
+        let report = tick(&mut liveness).await;
+        assert_eq!(
+            (report.unreachable, report.lost, report.connected),
+            (0, 1, 0),
+            "{report:?}"
+        );
+        let node = load(s, id).await;
+        assert_eq!(node.connectivity, Connectivity::Lost);
+        assert!(
+            node.has_reason(&ReasonKey::Unreachable),
+            "a lost node keeps the reason"
+        );
+        let last = node_events(s, id).await.pop().expect("an event");
+        assert_eq!(
+            (last.to.as_deref(), last.cause.as_deref()),
+            (Some("lost"), Some(CAUSE_LOST))
+        );
+
+        // The session stayed open; the daemon heartbeats again.
+        heartbeat(s, &ids).await;
+        let report = tick(&mut liveness).await;
+        assert_eq!(
+            (report.unreachable, report.lost, report.connected),
+            (0, 0, 1),
+            "{report:?}"
+        );
+        let node = load(s, id).await;
+        assert_eq!(node.connectivity, Connectivity::Connected);
+        assert!(
+            !node.has_reason(&ReasonKey::Unreachable),
+            "the reason is gone"
+        );
+        let history = node_events(s, id).await;
+        let back: Vec<_> = history
+            .iter()
+            .filter(|e| e.cause.as_deref() == Some(CAUSE_HEARD_AGAIN))
+            .collect();
+        assert_eq!(
+            back.iter()
+                .map(|e| e.event_type.as_str())
+                .collect::<Vec<_>>(),
+            [
+                "node.connectivity_changed",
+                "node.no_schedule_reason_removed"
+            ],
+            "both changes in one transaction, with one cause"
+        );
+        assert!(back.iter().all(|e| e.at == now(s)));
+
+        // And nothing more happens while it keeps heartbeating.
+        s.clock.advance(Duration::seconds(5));
+        assert!(tick(&mut liveness).await.is_quiet());
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn nothing_happens_within_the_grace() {
+    each_backend(async |s| {
+        let mut liveness = liveness(s).await;
+        let site = site(s).await;
+        let ids = connected_nodes(s, &site, 3).await;
+        let (late, regular) = ids.split_at(1);
+
+        // Exactly the grace without a heartbeat is still within it.
+        s.clock.advance(GRACE);
+        let report = tick(&mut liveness).await;
+        assert!(report.is_quiet(), "{report:?}");
+
+        // Heartbeats every 10 s for ten minutes keep a node connected, and so do late ones
+        // (every 30 s) that still fall within the grace.
+        heartbeat(s, &ids).await;
+        for i in 0..60 {
+            s.clock.advance(Duration::seconds(10));
+            heartbeat(s, regular).await;
+            if i % 3 == 2 {
+                heartbeat(s, late).await;
+            }
+            let report = tick(&mut liveness).await;
+            assert!(report.is_quiet(), "{report:?}");
+        }
+        assert_eq!(connectivity(s, &ids).await, [Connectivity::Connected; 3]);
+        for id in &ids {
+            assert_eq!(load(s, id).await.version, 1, "no writes to the node row");
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn closed_and_missing_sessions() {
+    each_backend(async |s| {
+        let mut liveness = liveness(s).await;
+        let site = site(s).await;
+        // Connected, but the gateway never wrote a session row.
+        let sessionless = connected_node(s, &site);
+        // The gateway closed its session cleanly.
+        let mut closed = connected_node(s, &site);
+        closed.connectivity = Connectivity::Disconnected;
+        // Never connected at all (a machine still being enrolled).
+        let mut never = connected_node(s, &site);
+        never.connectivity = Connectivity::Disconnected;
+        never.provision_state = ProvisionState::Enrolling;
+        s.insert_nodes(&[sessionless.clone(), closed.clone(), never.clone()])
+            .await;
+        open_sessions(s, std::slice::from_ref(&closed.id)).await;
+        let txn = s
+            .server
+            .services
+            .store
+            .write()
+            .await
+            .expect("a write transaction");
+        node_session::Entity::update_many()
+            .col_expr(
+                node_session::Column::DisconnectedAt,
+                Expr::value(Some(now(s))),
+            )
+            .filter(node_session::Column::NodeId.eq(closed.id.to_string()))
+            .exec(&*txn)
+            .await
+            .expect("closing the session");
+        txn.commit().await.expect("committing");
+        let ids = [sessionless.id.clone(), closed.id.clone(), never.id.clone()];
+
+        s.clock.advance(GRACE);
+        assert!(tick(&mut liveness).await.is_quiet());
+
+        s.clock.advance(Duration::seconds(1));
+        let report = tick(&mut liveness).await;
+        assert_eq!(report.unreachable, 2, "{report:?}");
+        assert_eq!(
+            connectivity(s, &ids).await,
+            [
+                Connectivity::Unreachable,
+                Connectivity::Unreachable,
+                Connectivity::Disconnected
+            ]
+        );
+        let change = node_events(s, &closed.id)
+            .await
+            .into_iter()
+            .find(|e| e.event_type == "node.connectivity_changed")
+            .expect("an event");
+        assert_eq!(
+            (change.from.as_deref(), change.to.as_deref()),
+            (Some("disconnected"), Some("unreachable"))
+        );
+
+        // A closed session that heartbeated recently does not bring a node back: only an open
+        // one does (a reconnect is the gateway's `Hello`).
+        heartbeat(s, std::slice::from_ref(&closed.id)).await;
+        s.clock.advance(LOST_AFTER + Duration::seconds(1));
+        let report = tick(&mut liveness).await;
+        assert_eq!((report.connected, report.lost), (0, 2), "{report:?}");
+        assert_eq!(
+            connectivity(s, &ids).await,
+            [
+                Connectivity::Lost,
+                Connectivity::Lost,
+                Connectivity::Disconnected
+            ]
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_site_going_silent_at_once_pauses_liveness() {
+    each_backend(async |s| {
+        let mut liveness = liveness(s).await;
+        let big = site(s).await;
+        let small = site(s).await;
+        let ids = connected_nodes(s, &big, 20).await;
+        let (silent, healthy) = ids.split_at(10);
+        let lone = connected_nodes(s, &small, 1).await;
+
+        s.clock.advance(GRACE + Duration::seconds(1));
+        heartbeat(s, healthy).await;
+        let report = tick(&mut liveness).await;
+        assert_eq!(
+            report.newly_paused,
+            std::slice::from_ref(&big.0),
+            "{report:?}"
+        );
+        assert_eq!(report.paused_sites, std::slice::from_ref(&big.0));
+        assert_eq!(report.held_by_brake, 10);
+        assert_eq!(
+            report.unreachable, 1,
+            "a site below brake_min_nodes is not braked: {report:?}"
+        );
+        assert_eq!(liveness.paused_sites(), std::slice::from_ref(&big.0));
+        assert_eq!(connectivity(s, &lone).await, [Connectivity::Unreachable]);
+        assert!(
+            connectivity(s, &ids)
+                .await
+                .iter()
+                .all(|c| *c == Connectivity::Connected),
+            "no transitions in a paused site"
+        );
+        let paused = site_events(s, EVENT_PAUSED).await;
+        assert_eq!(paused.len(), 1);
+        assert_eq!(paused[0].actor, "controller:liveness");
+        assert_eq!(paused[0].data["siteId"], big.0.as_str());
+        assert_eq!(paused[0].data["silent"], 10);
+        assert_eq!(paused[0].data["watched"], 20);
+        assert_eq!(paused[0].data["threshold"], 6.0);
+
+        // Still silent, ticks later and past the lost threshold: still paused, no new event,
+        // no transitions.
+        for _ in 0..3 {
+            s.clock.advance(Duration::seconds(5));
+            heartbeat(s, healthy).await;
+            let report = tick(&mut liveness).await;
+            assert!(
+                report.newly_paused.is_empty() && report.unreachable == 0,
+                "{report:?}"
+            );
+            assert_eq!(report.held_by_brake, 10);
+        }
+        s.clock.advance(LOST_AFTER);
+        heartbeat(s, healthy).await;
+        let report = tick(&mut liveness).await;
+        assert_eq!(
+            (report.unreachable, report.lost, report.held_by_brake),
+            (0, 1, 10),
+            "only the small site's node: {report:?}"
+        );
+        assert_eq!(
+            site_events(s, EVENT_PAUSED).await.len(),
+            1,
+            "exactly one paused event"
+        );
+        assert!(site_events(s, EVENT_RESUMED).await.is_empty());
+        assert_eq!(
+            connectivity(s, silent).await,
+            [Connectivity::Connected; 10],
+            "never marked down while paused, not even after lost_after"
+        );
+
+        // They come back.
+        heartbeat(s, &ids).await;
+        let report = tick(&mut liveness).await;
+        assert_eq!(report.resumed, std::slice::from_ref(&big.0), "{report:?}");
+        assert!(report.paused_sites.is_empty() && liveness.paused_sites().is_empty());
+        assert_eq!(
+            (report.unreachable, report.connected, report.held_by_brake),
+            (0, 0, 0)
+        );
+        let resumed = site_events(s, EVENT_RESUMED).await;
+        assert_eq!(resumed.len(), 1);
+        assert_eq!(resumed[0].data["siteId"], big.0.as_str());
+        assert_eq!(resumed[0].data["silent"], 0);
+        assert!(
+            connectivity(s, &ids)
+                .await
+                .iter()
+                .all(|c| *c == Connectivity::Connected)
+        );
+
+        s.clock.advance(Duration::seconds(5));
+        heartbeat(s, &ids).await;
+        assert!(tick(&mut liveness).await.is_quiet());
+        assert_eq!(site_events(s, EVENT_PAUSED).await.len(), 1);
+        assert_eq!(site_events(s, EVENT_RESUMED).await.len(), 1);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_few_silent_nodes_in_a_big_site_go_unreachable() {
+    each_backend(async |s| {
+        let mut liveness = liveness(s).await;
+        let site = site(s).await;
+        let ids = connected_nodes(s, &site, 20).await;
+        let (silent, healthy) = ids.split_at(2);
+
+        s.clock.advance(GRACE + Duration::seconds(1));
+        heartbeat(s, healthy).await;
+        let report = tick(&mut liveness).await;
+        assert_eq!(report.unreachable, 2, "{report:?}");
+        assert!(report.newly_paused.is_empty() && report.paused_sites.is_empty());
+        assert_eq!(
+            connectivity(s, silent).await,
+            [Connectivity::Unreachable; 2]
+        );
+        assert!(site_events(s, EVENT_PAUSED).await.is_empty());
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn silence_spreading_within_the_window_trips_the_brake() {
+    each_backend(async |s| {
+        let mut liveness = liveness(s).await;
+        let site = site(s).await;
+        let ids = connected_nodes(s, &site, 20).await;
+
+        // 4 of 20 go silent: under 30 %, so they go unreachable.
+        s.clock.advance(GRACE + Duration::seconds(1));
+        heartbeat(s, &ids[4..]).await;
+        assert_eq!(tick(&mut liveness).await.unreachable, 4);
+
+        // A grace later 3 more fall silent: 4 recent + 3 new = 7 > 6 within the minute.
+        s.clock.advance(GRACE + Duration::seconds(1));
+        heartbeat(s, &ids[7..]).await;
+        let report = tick(&mut liveness).await;
+        assert_eq!(
+            report.newly_paused,
+            std::slice::from_ref(&site.0),
+            "{report:?}"
+        );
+        assert_eq!((report.unreachable, report.held_by_brake), (0, 3));
+        let paused = site_events(s, EVENT_PAUSED).await;
+        assert_eq!(paused.len(), 1);
+        assert_eq!(
+            (
+                paused[0].data["silent"].as_u64(),
+                paused[0].data["recentlyUnreachable"].as_u64()
+            ),
+            (Some(3), Some(4))
+        );
+
+        // Once the first four are out of the window, 3 silent alone do not trip it: the site
+        // resumes and they go unreachable in the same tick.
+        s.clock.advance(Duration::seconds(61));
+        heartbeat(s, &ids[7..]).await;
+        let report = tick(&mut liveness).await;
+        assert_eq!(report.resumed, std::slice::from_ref(&site.0), "{report:?}");
+        assert_eq!(report.unreachable, 3);
+        assert_eq!(
+            connectivity(s, &ids[..7]).await,
+            [Connectivity::Unreachable; 7]
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_restarted_controller_gives_daemons_one_grace_to_reconnect() {
+    each_backend(async |s| {
+        s.server.stop_controllers().await;
+        let site = site(s).await;
+        let ids = connected_nodes(s, &site, 2).await;
+        // The control plane was down for five minutes.
+        s.clock.advance(Duration::minutes(5));
+        let mut liveness = LivenessController::new(s.server.services.clone(), config());
+
+        let report = tick(&mut liveness).await;
+        assert_eq!(
+            (report.unreachable, report.held_at_startup),
+            (0, 2),
+            "{report:?}"
+        );
+
+        // One daemon reconnects within the grace; the other never does.
+        s.clock.advance(GRACE - Duration::seconds(1));
+        heartbeat(s, &ids[..1]).await;
+        let report = tick(&mut liveness).await;
+        assert_eq!(
+            (report.unreachable, report.held_at_startup),
+            (0, 1),
+            "{report:?}"
+        );
+
+        s.clock.advance(Duration::seconds(1));
+        let report = tick(&mut liveness).await;
+        assert_eq!(
+            (report.unreachable, report.held_at_startup),
+            (1, 0),
+            "{report:?}"
+        );
+        assert_eq!(
+            connectivity(s, &ids).await,
+            [Connectivity::Connected, Connectivity::Unreachable]
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_passed_drain_deadline_ends_the_drain() {
+    each_backend(async |s| {
+        s.server.stop_controllers().await;
+        let mut drains = DrainController::new(s.server.services.clone());
+        let site = site(s).await;
+        let operator = Actor::User("ops@example.com".into());
+        let mut with_deadline = connected_node(s, &site);
+        with_deadline
+            .drain(
+                "firmware",
+                Some(now(s) + Duration::hours(1)),
+                &operator,
+                now(s),
+            )
+            .expect("a drain");
+        let mut without_deadline = connected_node(s, &site);
+        without_deadline
+            .drain("rack move", None, &operator, now(s))
+            .expect("a drain");
+        s.insert_nodes(&[with_deadline.clone(), without_deadline.clone()])
+            .await;
+
+        s.clock.advance(Duration::minutes(59));
+        let report = drains.tick().await.expect("a drain tick");
+        assert_eq!(report.finished, 0, "{report:?}");
+
+        s.clock.advance(Duration::minutes(1));
+        let report = drains.tick().await.expect("a drain tick");
+        assert_eq!(report.finished, 1, "{report:?}");
+        let node = load(s, &with_deadline.id).await;
+        assert!(node.drain.is_none());
+        assert!(!node.has_reason(&ReasonKey::Draining), "`draining` is gone");
+        assert!(
+            node.cordoned(),
+            "still cordoned until an operator uncordons"
+        );
+        assert_eq!(node.version, with_deadline.version + 1);
+        let finished = node_events(s, &node.id)
+            .await
+            .into_iter()
+            .filter(|e| e.actor == "controller:drain")
+            .map(|e| {
+                (
+                    e.event_type,
+                    e.cause,
+                    e.data["detail"].as_str().map(str::to_owned),
+                )
+            })
+            .collect::<Vec<_>>();
+        let cause = Some("drain:deadline-passed".to_owned());
+        assert_eq!(
+            finished,
+            [
+                (
+                    "node.no_schedule_reason_removed".to_owned(),
+                    cause.clone(),
+                    None
+                ),
+                (
+                    "node.drain_finished".to_owned(),
+                    cause,
+                    Some("deadline passed".to_owned())
+                ),
+            ]
+        );
+
+        let other = load(s, &without_deadline.id).await;
+        assert!(other.drain.is_some() && other.has_reason(&ReasonKey::Draining));
+
+        s.clock.advance(Duration::days(1));
+        assert_eq!(drains.tick().await.expect("a drain tick").finished, 0);
+    })
+    .await;
+}
