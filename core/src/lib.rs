@@ -13,6 +13,7 @@ pub mod actor;
 pub mod axes;
 pub mod catalog;
 pub mod clock;
+pub mod command;
 pub mod error;
 pub mod event;
 pub mod hardware;

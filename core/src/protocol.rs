@@ -80,6 +80,23 @@ pub enum DaemonMessage {
     /// "I am alive"; every `heartbeatIntervalSecs`.
     #[serde(rename_all = "camelCase")]
     Heartbeat { seq: u64 },
+    /// The daemon started a command.
+    #[serde(rename_all = "camelCase")]
+    CommandStarted { id: String },
+    /// A command ended on the node. `output` is bounded (64 KiB); `result` is structured
+    /// (for `diag.nvml`: `{"passed": bool, "failures": [...]}`).
+    #[serde(rename_all = "camelCase")]
+    CommandResult {
+        id: String,
+        outcome: crate::command::Outcome,
+        exit_code: Option<i32>,
+        #[serde(default)]
+        output: String,
+        result: Option<serde_json::Value>,
+    },
+    /// The daemon converged spec `generation` (reported as the node's `observedGeneration`).
+    #[serde(rename_all = "camelCase")]
+    Converged { generation: i64 },
     /// One inventory section the gateway asked for in `welcome.wantSections`. `hash` must be
     /// [`section_hash`] of `content`.
     #[serde(rename_all = "camelCase")]
@@ -116,6 +133,20 @@ pub enum GatewayMessage {
         heartbeat_interval_secs: u64,
         spec: NodeSpec,
     },
+    /// Run a command. Commands of one lane arrive one at a time.
+    #[serde(rename_all = "camelCase")]
+    Command {
+        id: String,
+        kind: crate::command::CommandKind,
+        params: serde_json::Value,
+        timeout_secs: i64,
+    },
+    /// Stop a command that was sent (it was cancelled or timed out).
+    #[serde(rename_all = "camelCase")]
+    Cancel { id: String },
+    /// The desired state changed: converge to it and report `converged`.
+    #[serde(rename_all = "camelCase")]
+    Spec { spec: NodeSpec },
     /// The gateway is closing the session; the daemon should reconnect unless told not to.
     #[serde(rename_all = "camelCase")]
     Goodbye { reason: String, reconnect: bool },

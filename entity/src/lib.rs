@@ -4,6 +4,7 @@
 //! `String` columns, JSON columns are `serde_json::Value`, timestamps are
 //! `DateTime<Utc>`. The schema itself is owned by `bc-migration`.
 
+pub mod command;
 pub mod event;
 pub mod join_token;
 pub mod node;

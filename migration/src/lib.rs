@@ -16,6 +16,7 @@ use sea_orm_migration::prelude::*;
 
 mod m20261202_000001_initial;
 mod m20261202_000002_join_and_inventory;
+mod m20261202_000003_commands;
 
 /// Runs every migration in order; see [`MigratorTrait`] for `up`/`down`/`status`.
 pub struct Migrator;
@@ -26,6 +27,7 @@ impl MigratorTrait for Migrator {
         vec![
             Box::new(m20261202_000001_initial::Migration),
             Box::new(m20261202_000002_join_and_inventory::Migration),
+            Box::new(m20261202_000003_commands::Migration),
         ]
     }
 }

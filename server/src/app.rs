@@ -97,6 +97,7 @@ pub async fn start(config: &Config, clock: Arc<dyn Clock>) -> anyhow::Result<Run
     let services = Services::new(store, clock.clone(), ca);
     let (feed_stop, feed_stopped) = tokio::sync::watch::channel(false);
     let feed = crate::feed::Feed::start(services.clone(), feed_stopped).await?;
+    let gateway_feed = feed.clone();
     let schema = build_schema(Some((services.clone(), feed)), &config.graphql);
     crate::telemetry::metrics_handle();
 
@@ -119,9 +120,7 @@ pub async fn start(config: &Config, clock: Arc<dyn Clock>) -> anyhow::Result<Run
         .liveness
         .enabled
         .then(|| controllers::spawn(services.clone(), config.liveness.clone()));
-    let gateway = crate::gateway::Gateway::start(
-        &config.gateway,
-        services.clone(),
+    let gateway = crate::gateway::Gateway::start(&config.gateway, services.clone(), gateway_feed,
         config.liveness.heartbeat_interval(),
     )
     .await?;

@@ -1049,6 +1049,9 @@ impl FakeDaemon {
                         Ok(GatewayMessage::Welcome { .. }) => {
                             tracing::warn!(hostname = %self.hostname(), "a second welcome; ignored");
                         }
+                        Ok(message @ (GatewayMessage::Command { .. } | GatewayMessage::Cancel { .. } | GatewayMessage::Spec { .. })) => {
+                            tracing::warn!(hostname = %self.hostname(), ?message, "commands and specs are not handled by this daemon yet");
+                        }
                         Err(err) => {
                             // Newer gateways may send messages this daemon does not know yet.
                             tracing::warn!(hostname = %self.hostname(), error = %err, frame = %truncate(text.as_str()), "an unknown gateway message; ignored");
@@ -1157,6 +1160,7 @@ async fn open_session(context: &GatewayContext, identity: &Identity, hello: &Dae
                         drain(&mut ws).await;
                         Err(Opening::Closed { reason, reconnect })
                     }
+                    Ok(_) => Err(Opening::Failed(DaemonError::Protocol(format!("expected welcome, got {}", truncate(text.as_str()))))),
                     Err(err) => Err(Opening::Failed(DaemonError::Protocol(format!("expected welcome, got {} ({err})", truncate(text.as_str()))))),
                 };
             }

@@ -11,6 +11,7 @@
 //! them all every `liveness.tick_interval_secs` until stopped. Tests leave the loop off and
 //! call `tick()` themselves with a `ManualClock`.
 
+pub mod commands;
 pub mod drain;
 pub mod liveness;
 
@@ -23,6 +24,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 
+pub use commands::{CommandTimingController, CommandTimingReport};
 pub use drain::{DrainController, DrainReport};
 pub use liveness::{LivenessController, LivenessReport};
 
@@ -89,7 +91,8 @@ pub struct ControllerLoop {
 pub fn spawn(services: Services, config: LivenessConfig) -> ControllerLoop {
     let period = config.tick_interval();
     let mut liveness = LivenessController::new(services.clone(), config);
-    let mut drain = DrainController::new(services);
+    let mut drain = DrainController::new(services.clone());
+    let mut commands = CommandTimingController::new(services);
     let (stop, mut stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(async move {
         let mut ticks = tokio::time::interval_at(Instant::now() + period, period);
@@ -111,6 +114,11 @@ pub fn spawn(services: Services, config: LivenessConfig) -> ControllerLoop {
                         Ok(report) if report.finished > 0 => tracing::info!(?report, "drain deadline tick"),
                         Ok(_) => {}
                         Err(err) => tracing::warn!(error = ?err, "drain deadline tick failed"),
+                    }
+                    match commands.tick().await {
+                        Ok(report) if report != CommandTimingReport::default() => tracing::info!(?report, "command timing tick"),
+                        Ok(_) => {}
+                        Err(err) => tracing::warn!(code = err.code(), reason = %err.message(), "command timing tick failed"),
                     }
                 }
             }

@@ -38,7 +38,9 @@ fn error(err: ApiError) -> Response {
         ApiError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
         ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
         ApiError::NotFound(_) => StatusCode::NOT_FOUND,
-        ApiError::Conflict { .. } | ApiError::InvalidState { .. } | ApiError::ResumeRequired { .. } => StatusCode::CONFLICT,
+        ApiError::Conflict { .. }
+        | ApiError::InvalidState { .. }
+        | ApiError::ResumeRequired { .. } => StatusCode::CONFLICT,
         ApiError::Internal(source) => {
             tracing::error!(error = ?source, "internal error in the gateway");
             StatusCode::INTERNAL_SERVER_ERROR

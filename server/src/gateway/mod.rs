@@ -72,6 +72,7 @@ impl Gateway {
     pub async fn start(
         config: &GatewayConfig,
         services: Services,
+        feed: Arc<crate::feed::Feed>,
         heartbeat_interval: Duration,
     ) -> anyhow::Result<Gateway> {
         let gateway_id = config
@@ -91,6 +92,11 @@ impl Gateway {
             shutdown: shutdown_rx.clone(),
         };
         let app = http::router(state);
+        tokio::spawn(route_command_events(
+            services.clone(),
+            feed,
+            shutdown_rx.clone(),
+        ));
         let task = tokio::spawn(accept_loop(listener, acceptor, app, shutdown_rx));
         tracing::info!(%local_addr, %gateway_id, "gateway is listening (TLS)");
         Ok(Gateway {
@@ -113,6 +119,48 @@ impl Gateway {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let _ = self.task.await;
+    }
+}
+
+/// Commands queued or cancelled through any replica reach the session that holds their node
+/// through the live event feed: this routes each command event to the session held here.
+async fn route_command_events(
+    services: Services,
+    feed: Arc<crate::feed::Feed>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    use futures::StreamExt;
+    loop {
+        let events = feed.subscribe(services.clone(), feed.head());
+        tokio::pin!(events);
+        loop {
+            let item = tokio::select! {
+                item = events.next() => item,
+                _ = shutdown.changed() => return,
+            };
+            match item {
+                Some(Ok(event)) => {
+                    let e = &event.event;
+                    let wakes_session = e.axis.as_deref() == Some("command")
+                        && matches!(e.to.as_deref(), Some("queued" | "cancelled" | "timed_out"));
+                    if wakes_session
+                        && let Some(node) = e
+                            .node_id
+                            .as_deref()
+                            .and_then(|n| bc_core::ids::NodeId::parse(n).ok())
+                    {
+                        services.sessions.poke(&node);
+                    }
+                }
+                // Fell behind (a burst of events): every session looks at its commands again,
+                // and routing resumes from now.
+                Some(Err(_)) => {
+                    services.sessions.poke_all();
+                    break;
+                }
+                None => return,
+            }
+        }
     }
 }
 

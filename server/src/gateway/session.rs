@@ -7,8 +7,12 @@ use bc_core::protocol::{
     DaemonMessage, GatewayMessage, INVENTORY_SECTIONS, NodeSpec, section_hash,
 };
 use futures::{SinkExt, StreamExt};
+use std::collections::HashSet;
 use std::time::Duration;
 use tokio::sync::mpsc;
+
+use crate::service::sessions::SessionSignal;
+use bc_core::ids::CommandId;
 
 use super::GatewayState;
 use crate::pki::NodeIdentity;
@@ -127,6 +131,7 @@ pub(super) async fn run(state: GatewayState, identity: NodeIdentity, socket: Web
                 &identity,
                 epoch,
                 &opened.want_sections,
+                &mut sink,
                 &mut stream,
                 &mut kick_rx,
             )
@@ -142,6 +147,15 @@ pub(super) async fn run(state: GatewayState, identity: NodeIdentity, socket: Web
         metrics::counter!("bc_gateway_sessions_closed_total", "by" => "daemon").increment(1);
     }
     state.services.sessions.unregister(&node_id, epoch);
+    match state.services.commands_session_lost(&node_id, epoch).await {
+        Ok(requeued) if !requeued.is_empty() => {
+            tracing::info!(%node_id, epoch, commands = requeued.len(), "session ended with commands in flight; requeued or failed them");
+        }
+        Ok(_) => {}
+        Err(err) => {
+            tracing::warn!(%node_id, epoch, code = err.code(), reason = %err.message(), "handling in-flight commands failed")
+        }
+    }
     if let Err(err) = state.services.close_session(&node_id, epoch).await {
         tracing::warn!(%node_id, epoch, code = err.code(), reason = %err.message(), "recording the session's end failed");
     }
@@ -153,18 +167,45 @@ async fn follow(
     identity: &NodeIdentity,
     epoch: i64,
     wanted: &[String],
+    sink: &mut futures::stream::SplitSink<WebSocket, Message>,
     stream: &mut futures::stream::SplitStream<WebSocket>,
-    kicks: &mut mpsc::UnboundedReceiver<&'static str>,
+    kicks: &mut mpsc::UnboundedReceiver<SessionSignal>,
 ) -> Option<Ending> {
     let mut shutdown = state.shutdown.clone();
     let mut last_seq: Option<u64> = None;
+    // Commands sent to the daemon that have not ended yet, and those it was told to stop
+    // (whose late results are expected, and ignored).
+    let mut in_flight: HashSet<CommandId> = HashSet::new();
+    let mut stopped: HashSet<CommandId> = HashSet::new();
+    if let Err(ending) = dispatch(
+        state,
+        &identity.node_id,
+        epoch,
+        sink,
+        &mut in_flight,
+        &mut stopped,
+    )
+    .await
+    {
+        return Some(ending);
+    }
     loop {
         let frame = tokio::select! {
             frame = stream.next() => frame,
-            reason = kicks.recv() => {
-                let reason = reason.unwrap_or(bc_core::protocol::close::SHUTDOWN);
-                return Some(Ending { code: close_code::NORMAL, reason: reason.to_owned(), goodbye: true });
-            }
+            signal = kicks.recv() => match signal {
+                Some(SessionSignal::CommandsChanged) => {
+                    if let Err(ending) = dispatch(state, &identity.node_id, epoch, sink, &mut in_flight, &mut stopped).await {
+                        return Some(ending);
+                    }
+                    continue;
+                }
+                Some(SessionSignal::Close(reason)) => {
+                    return Some(Ending { code: close_code::NORMAL, reason: reason.to_owned(), goodbye: true });
+                }
+                None => {
+                    return Some(Ending { code: close_code::AWAY, reason: bc_core::protocol::close::SHUTDOWN.to_owned(), goodbye: true });
+                }
+            },
             _ = shutdown.changed() => {
                 return Some(Ending { code: close_code::AWAY, reason: bc_core::protocol::close::SHUTDOWN.to_owned(), goodbye: true });
             }
@@ -220,6 +261,68 @@ async fn follow(
             DaemonMessage::Hello { .. } => {
                 return Some(Ending::violation("hello was already sent"));
             }
+            DaemonMessage::CommandStarted { id } => {
+                let Ok(id) = CommandId::parse(&id) else {
+                    return Some(Ending::violation(format!("`{id}` is not a command id")));
+                };
+                if stopped.contains(&id) {
+                    continue;
+                }
+                if !in_flight.contains(&id) {
+                    return Some(Ending::violation(format!(
+                        "command `{id}` was not sent in this session"
+                    )));
+                }
+                if let Err(err) = state.services.command_started(&identity.node_id, &id).await {
+                    // A cancel or timeout that won the race; the daemon hears `cancel`.
+                    tracing::debug!(node_id = %identity.node_id, %id, code = err.code(), reason = %err.message(), "late command start");
+                }
+            }
+            DaemonMessage::CommandResult {
+                id,
+                outcome,
+                exit_code,
+                output,
+                result,
+            } => {
+                let Ok(id) = CommandId::parse(&id) else {
+                    return Some(Ending::violation(format!("`{id}` is not a command id")));
+                };
+                if !in_flight.remove(&id) && !stopped.remove(&id) {
+                    return Some(Ending::violation(format!(
+                        "command `{id}` was not sent in this session"
+                    )));
+                }
+                if let Err(err) = state
+                    .services
+                    .command_finished(&identity.node_id, &id, outcome, exit_code, &output, result)
+                    .await
+                {
+                    tracing::debug!(node_id = %identity.node_id, %id, code = err.code(), reason = %err.message(), "late command result ignored");
+                }
+                // The lane is free: send what waits behind it.
+                if let Err(ending) = dispatch(
+                    state,
+                    &identity.node_id,
+                    epoch,
+                    sink,
+                    &mut in_flight,
+                    &mut stopped,
+                )
+                .await
+                {
+                    return Some(ending);
+                }
+            }
+            DaemonMessage::Converged { generation } => {
+                if let Err(err) = state
+                    .services
+                    .report_converged(&identity.node_id, generation)
+                    .await
+                {
+                    return Some(Ending::violation(format!("converged: {}", err.message())));
+                }
+            }
             DaemonMessage::Inventory {
                 section,
                 hash,
@@ -249,6 +352,69 @@ async fn follow(
                 }
             }
         }
+    }
+}
+
+/// Tells the daemon to stop commands that ended here (cancelled, timed out) and sends the
+/// commands whose lane is free.
+async fn dispatch(
+    state: &GatewayState,
+    node_id: &bc_core::ids::NodeId,
+    epoch: i64,
+    sink: &mut futures::stream::SplitSink<WebSocket, Message>,
+    in_flight: &mut HashSet<CommandId>,
+    stopped: &mut HashSet<CommandId>,
+) -> Result<(), Ending> {
+    let internal = |err: crate::error::ApiError| {
+        tracing::warn!(%node_id, code = err.code(), reason = %err.message(), "command dispatch failed");
+        Ending {
+            code: close_code::ERROR,
+            reason: "internal error".into(),
+            goodbye: true,
+        }
+    };
+    let mut ended = Vec::new();
+    for id in in_flight.iter() {
+        let command = state
+            .services
+            .command_for_gateway(id)
+            .await
+            .map_err(internal)?;
+        if command.is_none_or(|c| c.status.is_final()) {
+            ended.push(id.clone());
+        }
+    }
+    for id in ended {
+        in_flight.remove(&id);
+        send(sink, &GatewayMessage::Cancel { id: id.to_string() })
+            .await
+            .map_err(|()| gone())?;
+        stopped.insert(id);
+    }
+    for command in state
+        .services
+        .dispatch_commands(node_id, epoch)
+        .await
+        .map_err(internal)?
+    {
+        let message = GatewayMessage::Command {
+            id: command.id.to_string(),
+            kind: command.kind,
+            params: command.params.clone(),
+            timeout_secs: command.timeout.num_seconds(),
+        };
+        send(sink, &message).await.map_err(|()| gone())?;
+        in_flight.insert(command.id);
+    }
+    Ok(())
+}
+
+/// The daemon went away while we were writing to it.
+fn gone() -> Ending {
+    Ending {
+        code: close_code::AWAY,
+        reason: "the connection dropped".into(),
+        goodbye: false,
     }
 }
 

@@ -151,3 +151,31 @@ pub struct CreateJoinTokenInput {
     #[graphql(default)]
     pub description: String,
 }
+
+/// A command for one node or many.
+#[derive(InputObject)]
+pub struct SendCommandInput {
+    /// Target these nodes…
+    pub node_ids: Option<Vec<ID>>,
+    /// …or every node this filter matches (at most 10,000).
+    pub filter: Option<NodeFilterInput>,
+    pub kind: super::types::CommandKind,
+    pub params: Option<async_graphql::Json<serde_json::Value>>,
+    /// Default: the kind's own (diag.nvml 15 min, node.reboot 20 min, …).
+    pub timeout_seconds: Option<i64>,
+    /// Not dispatched before this time.
+    pub not_before: Option<DateTime<Utc>>,
+    /// Expires if still queued this long after it could first run (default 3600).
+    pub expires_in_seconds: Option<i64>,
+    /// Send a destructive command to an uncordoned node (admins only).
+    #[graphql(default)]
+    pub force: bool,
+}
+
+/// Which commands to list.
+#[derive(InputObject, Default)]
+pub struct CommandFilterInput {
+    pub node_id: Option<Vec<ID>>,
+    pub status: Option<Vec<super::types::CommandStatus>>,
+    pub kind: Option<Vec<super::types::CommandKind>>,
+}

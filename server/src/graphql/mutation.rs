@@ -2,16 +2,16 @@
 
 use async_graphql::{Context, ID, Object};
 use bc_core::catalog::HardwareProfile;
-use bc_core::ids::{JoinTokenId, NodeId, PoolId, SiteId, TenantId};
+use bc_core::ids::{CommandId, JoinTokenId, NodeId, PoolId, SiteId, TenantId};
 use bc_core::provision::ProvisionMove;
 use std::collections::BTreeMap;
 
 use super::inputs::{
     CordonNodeInput, CreateJoinTokenInput, CreatePoolInput, CreateSiteInput, DrainNodeInput,
-    EnrollNodeInput, LabelNodeInput, NodeVersionInput, ReasonedNodeInput, TaintNodeInput,
-    TransitionNodeInput, UntaintNodeInput,
+    EnrollNodeInput, LabelNodeInput, NodeVersionInput, ReasonedNodeInput, SendCommandInput,
+    TaintNodeInput, TransitionNodeInput, UntaintNodeInput,
 };
-use super::types::{CreatedJoinToken, JoinToken, NodeDetail, Pool, Site, Tenant};
+use super::types::{Command, CreatedJoinToken, JoinToken, NodeDetail, Pool, Site, Tenant};
 use super::{parse_id, principal, services};
 use crate::error::ApiError;
 use crate::service::catalog::NewPool;
@@ -243,6 +243,52 @@ impl MutationRoot {
         Ok(NodeDetail(
             s.enroll_node(principal(ctx)?, &input.hostname, &site, pool.as_ref())
                 .await?,
+        ))
+    }
+
+    /// Queues a command on one node or many. Destructive kinds need the nodes cordoned (or
+    /// `force` by an admin); all targets are checked before any is queued.
+    async fn send_command(
+        &self,
+        ctx: &Context<'_>,
+        input: SendCommandInput,
+    ) -> async_graphql::Result<Vec<Command>> {
+        let s = services(ctx)?;
+        let has_filter = input.filter.is_some();
+        let mut filter = match input.filter {
+            Some(filter) => super::query::node_filter(filter)?,
+            None => crate::service::nodes::NodeFilter::default(),
+        };
+        match input.node_ids {
+            Some(ids) if !ids.is_empty() => {
+                filter.ids = ids.iter().map(node_id).collect::<Result<_, _>>()?;
+            }
+            Some(_) => return Err(ApiError::BadUserInput("nodeIds is empty".into()).into()),
+            None if !has_filter => {
+                return Err(ApiError::BadUserInput("give nodeIds or a filter".into()).into());
+            }
+            None => {}
+        }
+        let new = bc_core::command::NewCommand {
+            kind: input.kind.into(),
+            params: input.params.map_or(serde_json::Value::Null, |p| p.0),
+            timeout: input.timeout_seconds.map(chrono::Duration::seconds),
+            not_before: input.not_before,
+            ttl: input.expires_in_seconds.map(chrono::Duration::seconds),
+            force: input.force,
+        };
+        Ok(s.send_command(principal(ctx)?, filter, new)
+            .await?
+            .into_iter()
+            .map(Command)
+            .collect())
+    }
+
+    /// Cancels a queued, dispatched or running command.
+    async fn cancel_command(&self, ctx: &Context<'_>, id: ID) -> async_graphql::Result<Command> {
+        let id = parse_id(&id, CommandId::parse)?;
+        Ok(Command(
+            services(ctx)?.cancel_command(principal(ctx)?, &id).await?,
         ))
     }
 

@@ -6,14 +6,16 @@ use bc_core::ids::{NodeId, PoolId, SiteId};
 use bc_core::provision::{PROVISION_STATE_TABLE, Target};
 use strum::IntoEnumIterator;
 
-use super::inputs::NodeFilterInput;
+use super::inputs::{CommandFilterInput, NodeFilterInput};
 use super::types::{
     CapacityCount, JoinToken, NodeDetail, Pool, PoolCapacity, ProvisionEdge, Site, Tenant, Viewer,
 };
+use super::types::{Command, CommandConnection};
 use super::{page_size, parse_id, principal, services};
 use crate::error::ApiError;
 use crate::service::Services;
 use crate::service::nodes::{LabelSelector, NodeFilter};
+use crate::store::commands::CommandFilter;
 
 pub struct QueryRoot;
 
@@ -125,6 +127,30 @@ impl QueryRoot {
             .collect())
     }
 
+    /// One command.
+    async fn command(&self, ctx: &Context<'_>, id: ID) -> async_graphql::Result<Command> {
+        let id = parse_id(&id, bc_core::ids::CommandId::parse)?;
+        Ok(Command(services(ctx)?.command(principal(ctx)?, &id).await?))
+    }
+
+    /// Commands, newest first.
+    #[graphql(complexity = "first.unwrap_or(100).max(0) as usize * child_complexity")]
+    async fn commands(
+        &self,
+        ctx: &Context<'_>,
+        filter: Option<CommandFilterInput>,
+        first: Option<i32>,
+        after: Option<String>,
+    ) -> async_graphql::Result<CommandConnection> {
+        command_page(
+            ctx,
+            command_filter(filter.unwrap_or_default())?,
+            first,
+            after,
+        )
+        .await
+    }
+
     /// Join tokens, newest first (platform admins only).
     async fn join_tokens(&self, ctx: &Context<'_>) -> async_graphql::Result<Vec<JoinToken>> {
         Ok(services(ctx)?
@@ -184,6 +210,53 @@ impl QueryRoot {
             })
             .collect()
     }
+}
+
+/// Maps the GraphQL command filter onto the storage filter.
+pub(crate) fn command_filter(input: CommandFilterInput) -> Result<CommandFilter, ApiError> {
+    Ok(CommandFilter {
+        node_ids: input
+            .node_id
+            .unwrap_or_default()
+            .iter()
+            .map(|id| parse_id(id, NodeId::parse))
+            .collect::<Result<_, _>>()?,
+        statuses: input
+            .status
+            .unwrap_or_default()
+            .into_iter()
+            .map(Into::into)
+            .collect(),
+        kinds: input
+            .kind
+            .unwrap_or_default()
+            .into_iter()
+            .map(Into::into)
+            .collect(),
+        tenant: None,
+    })
+}
+
+/// One page of commands, newest first; `after` is the last id of the previous page.
+pub(crate) async fn command_page(
+    ctx: &Context<'_>,
+    filter: CommandFilter,
+    first: Option<i32>,
+    after: Option<String>,
+) -> async_graphql::Result<CommandConnection> {
+    let first = page_size(ctx, first)?;
+    if let Some(after) = &after {
+        bc_core::ids::CommandId::parse(after).map_err(ApiError::from)?;
+    }
+    let (list, more) = services(ctx)?
+        .commands(principal(ctx)?, filter, after.as_deref(), first)
+        .await?;
+    let mut connection = CommandConnection::new(after.is_some(), more);
+    connection.edges.extend(
+        list.into_iter()
+            .map(|c| Edge::new(c.id.to_string(), Command(c))),
+    );
+    Ok(connection)
 }
 
 /// Maps the GraphQL filter onto the storage filter, validating ids.

@@ -192,8 +192,66 @@ async fn node_change_stream(
     Ok(until_expiry(stream, expires_at))
 }
 
+/// A command changed status (queued, dispatched, running, and how it ended), with the command
+/// as it is now (result and output included).
+#[derive(SimpleObject)]
+pub struct CommandUpdate {
+    pub cursor: ID,
+    pub from: Option<String>,
+    pub to: Option<String>,
+    pub at: DateTime<Utc>,
+    pub command: super::types::Command,
+}
+
 #[Subscription]
 impl SubscriptionRoot {
+    /// Command updates and results, for one node, one command, or every command visible.
+    async fn command_updates(
+        &self,
+        ctx: &Context<'_>,
+        after: Option<ID>,
+        node_id: Option<ID>,
+        command_id: Option<ID>,
+    ) -> async_graphql::Result<impl Stream<Item = async_graphql::Result<CommandUpdate>>> {
+        let services = services(ctx)?.clone();
+        let principal = principal(ctx)?.clone();
+        let feed = ctx.data::<Arc<Feed>>()?.clone();
+        let start = start_cursor(after.as_ref())?.unwrap_or_else(|| feed.head());
+        let node_id = node_id.map(|n| n.to_string());
+        let command_id = command_id.map(|c| c.to_string());
+        let expires_at = principal.expires_at;
+        let events = feed.subscribe(services.clone(), start);
+        let stream = async_stream::stream! {
+            tokio::pin!(events);
+            while let Some(item) = events.next().await {
+                let event = match item {
+                    Ok(event) => event,
+                    Err(err) => { yield Err(err.into()); return; }
+                };
+                let e = &event.event;
+                let wanted = e.axis.as_deref() == Some("command")
+                    && visible(&principal, &event)
+                    && node_id.as_ref().is_none_or(|n| e.node_id.as_ref() == Some(n))
+                    && command_id.as_ref().is_none_or(|c| e.cause.as_ref() == Some(c));
+                if !wanted {
+                    continue;
+                }
+                let Some(id) = e.cause.as_deref().and_then(|c| bc_core::ids::CommandId::parse(c).ok()) else { continue };
+                match services.command(&principal, &id).await {
+                    Ok(command) => yield Ok(CommandUpdate {
+                        cursor: ID(e.id.to_string()),
+                        from: e.from.clone(),
+                        to: e.to.clone(),
+                        at: e.at,
+                        command: super::types::Command(command),
+                    }),
+                    Err(err) => { yield Err(err.into()); return; }
+                }
+            }
+        };
+        Ok(until_expiry(stream, expires_at))
+    }
+
     /// The raw event log, from `after` (exclusive) or from now.
     async fn events(
         &self,

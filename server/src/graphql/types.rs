@@ -353,6 +353,26 @@ impl NodeDetail {
         );
         Ok(connection)
     }
+    /// Commands sent to the node, newest first.
+    #[graphql(complexity = "first.unwrap_or(100).max(0) as usize * child_complexity")]
+    async fn commands(
+        &self,
+        ctx: &Context<'_>,
+        status: Option<Vec<CommandStatus>>,
+        first: Option<i32>,
+        after: Option<String>,
+    ) -> async_graphql::Result<CommandConnection> {
+        let filter = crate::store::commands::CommandFilter {
+            node_ids: vec![self.0.id.clone()],
+            statuses: status
+                .unwrap_or_default()
+                .into_iter()
+                .map(Into::into)
+                .collect(),
+            ..Default::default()
+        };
+        super::query::command_page(ctx, filter, first, after).await
+    }
     async fn created_at(&self) -> DateTime<Utc> {
         self.0.created_at
     }
@@ -667,3 +687,123 @@ pub struct CreatedJoinToken {
     /// SHA-256 (hex) of the CA certificate's DER, for the daemon to pin.
     pub ca_certificate_sha256: String,
 }
+
+/// What a command does on the node.
+#[derive(Enum, Copy, Clone, Eq, PartialEq, Debug)]
+#[graphql(remote = "bc_core::command::CommandKind")]
+pub enum CommandKind {
+    /// `inventory.refresh`
+    InventoryRefresh,
+    /// `diag.nvml`
+    DiagNvml,
+    /// `logs.collect`
+    LogsCollect,
+    /// `gpu.reset` (destructive)
+    GpuReset,
+    /// `node.reboot` (destructive)
+    NodeReboot,
+}
+
+/// Where a command is.
+#[derive(Enum, Copy, Clone, Eq, PartialEq, Debug)]
+#[graphql(remote = "bc_core::command::CommandStatus")]
+pub enum CommandStatus {
+    Queued,
+    Dispatched,
+    Running,
+    Succeeded,
+    Failed,
+    TimedOut,
+    Cancelled,
+    Expired,
+}
+
+/// Commands of one lane of a node run one at a time, in order.
+#[derive(Enum, Copy, Clone, Eq, PartialEq, Debug)]
+#[graphql(remote = "bc_core::command::Lane")]
+pub enum CommandLane {
+    Gpu,
+    Inventory,
+    Logs,
+}
+
+/// A command sent to a node, and its result.
+pub struct Command(pub bc_core::command::Command);
+
+#[Object]
+impl Command {
+    async fn id(&self) -> ID {
+        ID(self.0.id.to_string())
+    }
+    async fn node_id(&self) -> ID {
+        ID(self.0.node_id.to_string())
+    }
+    async fn kind(&self) -> CommandKind {
+        self.0.kind.into()
+    }
+    /// The wire name, e.g. `diag.nvml`.
+    async fn kind_name(&self) -> String {
+        self.0.kind.to_string()
+    }
+    async fn lane(&self) -> CommandLane {
+        self.0.lane.into()
+    }
+    async fn params(&self) -> Json<serde_json::Value> {
+        Json(self.0.params.clone())
+    }
+    async fn status(&self) -> CommandStatus {
+        self.0.status.into()
+    }
+    /// Whether it interrupts work (needs a cordon or an admin's force).
+    async fn destructive(&self) -> bool {
+        self.0.kind.destructive()
+    }
+    async fn force(&self) -> bool {
+        self.0.force
+    }
+    async fn not_before(&self) -> DateTime<Utc> {
+        self.0.not_before
+    }
+    async fn timeout_seconds(&self) -> i64 {
+        self.0.timeout.num_seconds()
+    }
+    async fn expires_at(&self) -> DateTime<Utc> {
+        self.0.expires_at
+    }
+    /// Times dispatched (redelivery after a lost session counts again).
+    async fn attempts(&self) -> i32 {
+        self.0.attempts
+    }
+    async fn exit_code(&self) -> Option<i32> {
+        self.0.exit_code
+    }
+    /// At most 64 KiB.
+    async fn output(&self) -> &str {
+        &self.0.output
+    }
+    /// The structured result (for `diag.nvml`: `passed` and `failures`).
+    async fn result(&self) -> Option<Json<serde_json::Value>> {
+        self.0.result.clone().map(Json)
+    }
+    /// Why it failed, timed out, expired or was cancelled.
+    async fn error(&self) -> Option<&str> {
+        self.0.error.as_deref()
+    }
+    async fn created_by(&self) -> String {
+        self.0.created_by.to_string()
+    }
+    async fn created_at(&self) -> DateTime<Utc> {
+        self.0.created_at
+    }
+    async fn dispatched_at(&self) -> Option<DateTime<Utc>> {
+        self.0.dispatched_at
+    }
+    async fn started_at(&self) -> Option<DateTime<Utc>> {
+        self.0.started_at
+    }
+    async fn finished_at(&self) -> Option<DateTime<Utc>> {
+        self.0.finished_at
+    }
+}
+
+pub type CommandConnection = async_graphql::connection::Connection<String, Command>;

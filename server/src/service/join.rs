@@ -450,6 +450,21 @@ impl Services {
         Ok(())
     }
 
+    /// The daemon converged spec `generation`: the node's `observedGeneration`.
+    pub async fn report_converged(&self, node_id: &NodeId, generation: i64) -> ApiResult<()> {
+        let actor = Actor::Node(node_id.to_string());
+        self.apply_node_change(
+            &actor,
+            node_id,
+            None,
+            &|_| true,
+            "daemon:converged",
+            |n, _, _| n.report_observed_generation(generation),
+        )
+        .await?;
+        Ok(())
+    }
+
     /// Stores one inventory section a daemon sent.
     pub async fn store_inventory_section(
         &self,

@@ -3,6 +3,7 @@
 //! exactly one of these.
 
 pub mod catalog;
+pub mod commands;
 pub mod join;
 pub mod nodes;
 pub mod sessions;

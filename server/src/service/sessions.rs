@@ -5,8 +5,17 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use tokio::sync::mpsc;
 
-/// Tells a session task to end, with the reason to send the daemon.
-pub type Kick = mpsc::UnboundedSender<&'static str>;
+/// What a session task is told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionSignal {
+    /// End the session, with the reason to send the daemon.
+    Close(&'static str),
+    /// The node's commands changed (queued, cancelled, timed out): look again.
+    CommandsChanged,
+}
+
+/// The channel to one session task.
+pub type Kick = mpsc::UnboundedSender<SessionSignal>;
 
 #[derive(Default)]
 pub struct SessionRegistry {
@@ -20,7 +29,7 @@ impl SessionRegistry {
         if let Some((old_epoch, old_kick)) = live.insert(node.clone(), (epoch, kick))
             && old_epoch < epoch
         {
-            let _ = old_kick.send(bc_core::protocol::close::SUPERSEDED);
+            let _ = old_kick.send(SessionSignal::Close(bc_core::protocol::close::SUPERSEDED));
         }
         metrics::gauge!("bc_gateway_sessions").set(live.len() as f64);
     }
@@ -38,7 +47,15 @@ impl SessionRegistry {
     pub fn kick(&self, node: &NodeId, reason: &'static str) {
         let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((_, kick)) = live.get(node) {
-            let _ = kick.send(reason);
+            let _ = kick.send(SessionSignal::Close(reason));
+        }
+    }
+
+    /// Tells the node's session held here, if any, that its commands changed.
+    pub fn poke(&self, node: &NodeId) {
+        let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, kick)) = live.get(node) {
+            let _ = kick.send(SessionSignal::CommandsChanged);
         }
     }
 
@@ -48,7 +65,15 @@ impl SessionRegistry {
         if let Some((e, kick)) = live.get(node)
             && *e == epoch
         {
-            let _ = kick.send(reason);
+            let _ = kick.send(SessionSignal::Close(reason));
+        }
+    }
+
+    /// Tells every session held here to look at its commands again.
+    pub fn poke_all(&self) {
+        let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        for (_, kick) in live.values() {
+            let _ = kick.send(SessionSignal::CommandsChanged);
         }
     }
 
@@ -56,7 +81,7 @@ impl SessionRegistry {
     pub fn kick_all(&self, reason: &'static str) {
         let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
         for (_, kick) in live.values() {
-            let _ = kick.send(reason);
+            let _ = kick.send(SessionSignal::Close(reason));
         }
     }
 

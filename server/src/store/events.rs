@@ -136,3 +136,39 @@ pub async fn for_node(
         .await?;
     Ok(rows.into_iter().map(stored_event).collect())
 }
+
+/// Appends the event of one command status change (`command.<status>`).
+pub async fn append_command(
+    conn: &impl ConnectionTrait,
+    command: &bc_core::command::Command,
+    from: Option<bc_core::command::CommandStatus>,
+    actor: &Actor,
+    now: DateTime<Utc>,
+) -> Result<(), sea_orm::DbErr> {
+    order_events(conn).await?;
+    let row = event::ActiveModel {
+        seq: NotSet,
+        node_id: Set(Some(command.node_id.to_string())),
+        tenant_id: Set(command.tenant_id.as_ref().map(ToString::to_string)),
+        event_type: Set(format!("command.{}", command.status)),
+        axis: Set(Some("command".to_owned())),
+        from_value: Set(from.map(|s| s.to_string())),
+        to_value: Set(Some(command.status.to_string())),
+        actor: Set(actor.to_string()),
+        cause: Set(Some(command.id.to_string())),
+        data: Set(serde_json::json!({
+            "commandId": command.id,
+            "kind": command.kind,
+            "lane": command.lane,
+            "status": command.status,
+            "attempts": command.attempts,
+            "exitCode": command.exit_code,
+            "error": command.error,
+        })),
+        created_at: Set(now),
+    };
+    event::Entity::insert(row)
+        .exec_without_returning(conn)
+        .await?;
+    Ok(())
+}

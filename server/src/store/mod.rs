@@ -5,6 +5,7 @@
 //! change to a node is written together with its events and its `noScheduleReasons`.
 
 pub mod catalog;
+pub mod commands;
 pub mod events;
 pub mod gateway;
 pub mod liveness;

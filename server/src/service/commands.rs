@@ -1,0 +1,304 @@
+//! The command queue's use cases: send, cancel and read for people; dispatch, start, result
+//! and session loss for the gateway; expiry and timeouts for the controller.
+
+use bc_core::Actor;
+use bc_core::command::{Command, CommandStatus, NewCommand, Outcome, check_safety};
+use bc_core::ids::{CommandId, NodeId};
+use chrono::{DateTime, Utc};
+use std::collections::HashSet;
+
+use super::Services;
+use crate::auth::{Principal, Role};
+use crate::error::{ApiError, ApiResult};
+use crate::service::nodes::NodeFilter;
+use crate::store::commands::{self, CommandFilter};
+use crate::store::{events, nodes};
+
+/// The most nodes one `sendCommand` may target.
+pub const MAX_COMMAND_TARGETS: u64 = 10_000;
+
+fn not_found(id: &CommandId) -> ApiError {
+    ApiError::NotFound(format!("command `{id}` does not exist"))
+}
+
+impl Services {
+    /// Sends one command to every node `filter` selects (what the principal may see). All or
+    /// nothing: if any target refuses it (safety rules), nothing is queued and the error names
+    /// the node.
+    pub async fn send_command(
+        &self,
+        principal: &Principal,
+        mut filter: NodeFilter,
+        new: NewCommand,
+    ) -> ApiResult<Vec<Command>> {
+        principal.require(Role::Operator)?;
+        filter.owner = principal.tenant.clone();
+        filter.include_deleted = false;
+        let txn = self.store.write().await?;
+        let targets = nodes::list(&*txn, &filter, None, MAX_COMMAND_TARGETS + 1).await?;
+        if targets.is_empty() {
+            return Err(ApiError::NotFound(
+                "no node matches the command's targets".into(),
+            ));
+        }
+        if targets.len() as u64 > MAX_COMMAND_TARGETS {
+            return Err(ApiError::BadUserInput(format!(
+                "a command may target at most {MAX_COMMAND_TARGETS} nodes at once"
+            )));
+        }
+        let now = self.clock.now();
+        let actor = principal.actor();
+        let mut queued = Vec::with_capacity(targets.len());
+        for node in &targets {
+            check_safety(
+                new.kind,
+                node.trust,
+                node.cordoned(),
+                principal.tenant.is_none(),
+                new.force,
+                principal.role >= Role::Admin,
+            )
+            .map_err(|err| match ApiError::from(err) {
+                ApiError::BadUserInput(m) => {
+                    ApiError::BadUserInput(format!("node `{}`: {m}", node.id))
+                }
+                ApiError::Forbidden(m) => ApiError::Forbidden(format!("node `{}`: {m}", node.id)),
+                other => other,
+            })?;
+            queued.push(Command::new(
+                new.clone(),
+                node.id.clone(),
+                node.owner_tenant_id.clone(),
+                actor.clone(),
+                now,
+            )?);
+        }
+        commands::insert(&*txn, &queued).await?;
+        for command in &queued {
+            events::append_command(&*txn, command, None, &actor, now).await?;
+        }
+        txn.commit().await?;
+        metrics::counter!("bc_commands_sent_total", "kind" => new.kind.to_string())
+            .increment(queued.len() as u64);
+        Ok(queued)
+    }
+
+    /// Cancels a command that has not ended.
+    pub async fn cancel_command(
+        &self,
+        principal: &Principal,
+        id: &CommandId,
+    ) -> ApiResult<Command> {
+        principal.require(Role::Operator)?;
+        let actor = principal.actor();
+        self.change_command(id, &actor, Some(principal), |c, now| c.cancel(&actor, now))
+            .await
+    }
+
+    pub async fn command(&self, principal: &Principal, id: &CommandId) -> ApiResult<Command> {
+        commands::load(self.store.db(), id, false)
+            .await?
+            .filter(|c| principal.can_see(c.tenant_id.as_ref()))
+            .ok_or_else(|| not_found(id))
+    }
+
+    /// One command, whoever owns it (the gateway checks its own session's commands).
+    pub async fn command_for_gateway(&self, id: &CommandId) -> ApiResult<Option<Command>> {
+        Ok(commands::load(self.store.db(), id, false).await?)
+    }
+
+    /// Commands, newest first.
+    pub async fn commands(
+        &self,
+        principal: &Principal,
+        mut filter: CommandFilter,
+        before: Option<&str>,
+        first: u64,
+    ) -> ApiResult<(Vec<Command>, bool)> {
+        filter.tenant = principal.tenant.clone();
+        let mut list = commands::list(self.store.db(), &filter, before, first + 1).await?;
+        let more = list.len() as u64 > first;
+        list.truncate(first as usize);
+        Ok((list, more))
+    }
+
+    /// Loads, changes and saves one command with its event, in one transaction. The save is a
+    /// compare-and-set on the status: a change that lost a race is refused as INVALID_STATE.
+    async fn change_command(
+        &self,
+        id: &CommandId,
+        actor: &Actor,
+        visible_to: Option<&Principal>,
+        change: impl FnOnce(&mut Command, DateTime<Utc>) -> Result<CommandStatus, bc_core::DomainError>,
+    ) -> ApiResult<Command> {
+        let txn = self.store.write().await?;
+        let mut command = commands::load(&*txn, id, true)
+            .await?
+            .filter(|c| visible_to.is_none_or(|p| p.can_see(c.tenant_id.as_ref())))
+            .ok_or_else(|| not_found(id))?;
+        let now = self.clock.now();
+        let from = change(&mut command, now)?;
+        if !commands::save(&*txn, from, &command).await? {
+            return Err(ApiError::Conflict {
+                expected: 0,
+                current: 0,
+            });
+        }
+        events::append_command(&*txn, &command, Some(from), actor, now).await?;
+        txn.commit().await?;
+        Ok(command)
+    }
+
+    /// For the session of `epoch`: in each lane with nothing dispatched or running, the
+    /// oldest queued command that may run now is dispatched. Returns what to send.
+    pub async fn dispatch_commands(&self, node_id: &NodeId, epoch: i64) -> ApiResult<Vec<Command>> {
+        let gateway = Actor::Controller("gateway".into());
+        let txn = self.store.write().await?;
+        let open = commands::of_node(
+            &*txn,
+            node_id,
+            &[
+                CommandStatus::Queued,
+                CommandStatus::Dispatched,
+                CommandStatus::Running,
+            ],
+        )
+        .await?;
+        let now = self.clock.now();
+        let mut busy: HashSet<_> = open
+            .iter()
+            .filter(|c| c.status != CommandStatus::Queued)
+            .map(|c| c.lane)
+            .collect();
+        let mut sent = Vec::new();
+        for mut command in open
+            .into_iter()
+            .filter(|c| c.status == CommandStatus::Queued)
+        {
+            if busy.contains(&command.lane) || command.not_before > now || command.expires_at <= now
+            {
+                continue;
+            }
+            let from = command.dispatch(epoch, now)?;
+            if commands::save(&*txn, from, &command).await? {
+                events::append_command(&*txn, &command, Some(from), &gateway, now).await?;
+                busy.insert(command.lane);
+                sent.push(command);
+            }
+        }
+        txn.commit().await?;
+        Ok(sent)
+    }
+
+    /// The daemon says it started `id`.
+    pub async fn command_started(&self, node_id: &NodeId, id: &CommandId) -> ApiResult<Command> {
+        let actor = Actor::Node(node_id.to_string());
+        self.change_own_command(node_id, id, &actor, |c, now| c.start(now))
+            .await
+    }
+
+    /// The daemon's result for `id`. If a cancel or timeout already ended the command, that
+    /// state stands and the late result is refused (INVALID_STATE), which the gateway logs.
+    pub async fn command_finished(
+        &self,
+        node_id: &NodeId,
+        id: &CommandId,
+        outcome: Outcome,
+        exit_code: Option<i32>,
+        output: &str,
+        result: Option<serde_json::Value>,
+    ) -> ApiResult<Command> {
+        let actor = Actor::Node(node_id.to_string());
+        let command = self
+            .change_own_command(node_id, id, &actor, |c, now| {
+                c.finish(outcome, exit_code, output, result, now)
+            })
+            .await?;
+        metrics::counter!("bc_commands_finished_total", "kind" => command.kind.to_string(), "status" => command.status.to_string()).increment(1);
+        Ok(command)
+    }
+
+    async fn change_own_command(
+        &self,
+        node_id: &NodeId,
+        id: &CommandId,
+        actor: &Actor,
+        change: impl FnOnce(&mut Command, DateTime<Utc>) -> Result<CommandStatus, bc_core::DomainError>,
+    ) -> ApiResult<Command> {
+        let owned = commands::load(self.store.db(), id, false)
+            .await?
+            .is_some_and(|c| &c.node_id == node_id);
+        if !owned {
+            return Err(ApiError::BadUserInput(format!(
+                "command `{id}` was not sent to this node"
+            )));
+        }
+        self.change_command(id, actor, None, change).await
+    }
+
+    /// The session of `epoch` ended: its dispatched and running commands are queued again for
+    /// the next session, or failed with the reason when resending is unsafe.
+    pub async fn commands_session_lost(
+        &self,
+        node_id: &NodeId,
+        epoch: i64,
+    ) -> ApiResult<Vec<Command>> {
+        let gateway = Actor::Controller("gateway".into());
+        let txn = self.store.write().await?;
+        let active = commands::of_node(
+            &*txn,
+            node_id,
+            &[CommandStatus::Dispatched, CommandStatus::Running],
+        )
+        .await?;
+        let now = self.clock.now();
+        let mut changed = Vec::new();
+        for mut command in active
+            .into_iter()
+            .filter(|c| c.session_epoch == Some(epoch))
+        {
+            let from = command.session_lost(now)?;
+            if commands::save(&*txn, from, &command).await? {
+                events::append_command(&*txn, &command, Some(from), &gateway, now).await?;
+                changed.push(command);
+            }
+        }
+        txn.commit().await?;
+        Ok(changed)
+    }
+
+    /// The controller's pass: queued commands past their expiry expire; dispatched or running
+    /// ones past their deadline time out. Returns the commands it ended.
+    pub async fn end_overdue_commands(&self, limit: u64) -> ApiResult<Vec<Command>> {
+        let controller = Actor::Controller("commands".into());
+        let now = self.clock.now();
+        let candidates = commands::overdue_candidates(self.store.db(), now, limit).await?;
+        let mut ended = Vec::new();
+        for candidate in candidates {
+            let overdue = match candidate.status {
+                CommandStatus::Queued => candidate.expires_at <= now,
+                _ => candidate.deadline().is_some_and(|d| d <= now),
+            };
+            if !overdue {
+                continue;
+            }
+            let result = self
+                .change_command(&candidate.id, &controller, None, |c, now| match c.status {
+                    CommandStatus::Queued => c.expire(now),
+                    _ => c.time_out(now),
+                })
+                .await;
+            match result {
+                Ok(command) => ended.push(command),
+                // Another writer ended it first: nothing to do.
+                Err(
+                    ApiError::InvalidState { .. }
+                    | ApiError::Conflict { .. }
+                    | ApiError::NotFound(_),
+                ) => {}
+                Err(other) => return Err(other),
+            }
+        }
+        Ok(ended)
+    }
+}

@@ -1,0 +1,210 @@
+//! Command rows.
+
+use anyhow::anyhow;
+use bc_core::Actor;
+use bc_core::command::{Command, CommandKind, CommandStatus, Lane};
+use bc_core::ids::{CommandId, NodeId, TenantId};
+use bc_entity::command;
+use chrono::{DateTime, Duration, Utc};
+use sea_orm::ActiveValue::Set;
+use sea_orm::{
+    ColumnTrait, Condition, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
+};
+
+fn corrupt(column: &str, value: &str) -> anyhow::Error {
+    anyhow!("corrupt row: commands.{column} = `{value}`")
+}
+
+pub fn command_from(row: command::Model) -> anyhow::Result<Command> {
+    Ok(Command {
+        id: CommandId::parse(&row.id).map_err(|_| corrupt("id", &row.id))?,
+        node_id: NodeId::parse(&row.node_id).map_err(|_| corrupt("node_id", &row.node_id))?,
+        tenant_id: row
+            .tenant_id
+            .as_deref()
+            .map(|t| TenantId::parse(t).map_err(|_| corrupt("tenant_id", t)))
+            .transpose()?,
+        kind: row
+            .kind
+            .parse::<CommandKind>()
+            .map_err(|_| corrupt("kind", &row.kind))?,
+        lane: row
+            .lane
+            .parse::<Lane>()
+            .map_err(|_| corrupt("lane", &row.lane))?,
+        params: row.params,
+        status: row
+            .status
+            .parse::<CommandStatus>()
+            .map_err(|_| corrupt("status", &row.status))?,
+        force: row.force,
+        not_before: row.not_before,
+        timeout: Duration::seconds(row.timeout_secs),
+        expires_at: row.expires_at,
+        attempts: row.attempts,
+        session_epoch: row.session_epoch,
+        exit_code: row.exit_code,
+        output: row.output,
+        result: row.result,
+        error: row.error,
+        created_by: Actor::parse(&row.created_by)
+            .ok_or_else(|| corrupt("created_by", &row.created_by))?,
+        created_at: row.created_at,
+        dispatched_at: row.dispatched_at,
+        started_at: row.started_at,
+        finished_at: row.finished_at,
+        updated_at: row.updated_at,
+    })
+}
+
+fn row(c: &Command) -> command::ActiveModel {
+    command::ActiveModel {
+        id: Set(c.id.to_string()),
+        node_id: Set(c.node_id.to_string()),
+        tenant_id: Set(c.tenant_id.as_ref().map(ToString::to_string)),
+        kind: Set(c.kind.to_string()),
+        lane: Set(c.lane.to_string()),
+        params: Set(c.params.clone()),
+        status: Set(c.status.to_string()),
+        force: Set(c.force),
+        not_before: Set(c.not_before),
+        timeout_secs: Set(c.timeout.num_seconds()),
+        expires_at: Set(c.expires_at),
+        attempts: Set(c.attempts),
+        session_epoch: Set(c.session_epoch),
+        exit_code: Set(c.exit_code),
+        output: Set(c.output.clone()),
+        result: Set(c.result.clone()),
+        error: Set(c.error.clone()),
+        created_by: Set(c.created_by.to_string()),
+        created_at: Set(c.created_at),
+        dispatched_at: Set(c.dispatched_at),
+        started_at: Set(c.started_at),
+        finished_at: Set(c.finished_at),
+        updated_at: Set(c.updated_at),
+    }
+}
+
+pub async fn insert(conn: &impl ConnectionTrait, commands: &[Command]) -> anyhow::Result<()> {
+    if commands.is_empty() {
+        return Ok(());
+    }
+    command::Entity::insert_many(commands.iter().map(row))
+        .exec_without_returning(conn)
+        .await?;
+    Ok(())
+}
+
+/// Writes `after` if the row still has `before_status` (a compare-and-set on the status, so
+/// of two racing changes, say a cancel and a result, exactly one wins). Returns whether it did.
+pub async fn save(
+    conn: &impl ConnectionTrait,
+    before_status: CommandStatus,
+    after: &Command,
+) -> anyhow::Result<bool> {
+    let result = command::Entity::update_many()
+        .set(row(after))
+        .filter(command::Column::Id.eq(after.id.to_string()))
+        .filter(command::Column::Status.eq(before_status.to_string()))
+        .exec(conn)
+        .await?;
+    Ok(result.rows_affected == 1)
+}
+
+pub async fn load(
+    conn: &impl ConnectionTrait,
+    id: &CommandId,
+    for_update: bool,
+) -> anyhow::Result<Option<Command>> {
+    let mut select = command::Entity::find_by_id(id.to_string());
+    if for_update {
+        select = super::lock_for_update(select, conn);
+    }
+    select.one(conn).await?.map(command_from).transpose()
+}
+
+/// Which commands to list.
+#[derive(Debug, Clone, Default)]
+pub struct CommandFilter {
+    pub node_ids: Vec<NodeId>,
+    pub statuses: Vec<CommandStatus>,
+    pub kinds: Vec<CommandKind>,
+    /// Visibility: a tenant sees only commands to its nodes.
+    pub tenant: Option<TenantId>,
+}
+
+/// Newest first, ids before `before` (the previous page's last id).
+pub async fn list(
+    conn: &impl ConnectionTrait,
+    filter: &CommandFilter,
+    before: Option<&str>,
+    limit: u64,
+) -> anyhow::Result<Vec<Command>> {
+    let mut cond = Condition::all();
+    if !filter.node_ids.is_empty() {
+        cond = cond
+            .add(command::Column::NodeId.is_in(filter.node_ids.iter().map(ToString::to_string)));
+    }
+    if !filter.statuses.is_empty() {
+        cond = cond
+            .add(command::Column::Status.is_in(filter.statuses.iter().map(ToString::to_string)));
+    }
+    if !filter.kinds.is_empty() {
+        cond = cond.add(command::Column::Kind.is_in(filter.kinds.iter().map(ToString::to_string)));
+    }
+    if let Some(tenant) = &filter.tenant {
+        cond = cond.add(command::Column::TenantId.eq(tenant.to_string()));
+    }
+    if let Some(before) = before {
+        cond = cond.add(command::Column::Id.lt(before));
+    }
+    let rows = command::Entity::find()
+        .filter(cond)
+        .order_by_desc(command::Column::Id)
+        .limit(limit)
+        .all(conn)
+        .await?;
+    rows.into_iter().map(command_from).collect()
+}
+
+/// The node's commands in `statuses`, oldest first, locked where the database can.
+pub async fn of_node(
+    conn: &impl ConnectionTrait,
+    node_id: &NodeId,
+    statuses: &[CommandStatus],
+) -> anyhow::Result<Vec<Command>> {
+    let select = command::Entity::find()
+        .filter(command::Column::NodeId.eq(node_id.to_string()))
+        .filter(command::Column::Status.is_in(statuses.iter().map(ToString::to_string)))
+        .order_by_asc(command::Column::Id);
+    let rows = super::lock_for_update(select, conn).all(conn).await?;
+    rows.into_iter().map(command_from).collect()
+}
+
+/// Queued commands that expired by `now`, and dispatched or running ones (whose deadlines
+/// the caller checks), at most `limit` of each.
+pub async fn overdue_candidates(
+    conn: &impl ConnectionTrait,
+    now: DateTime<Utc>,
+    limit: u64,
+) -> anyhow::Result<Vec<Command>> {
+    let expired = command::Entity::find()
+        .filter(command::Column::Status.eq(CommandStatus::Queued.to_string()))
+        .filter(command::Column::ExpiresAt.lte(now))
+        .limit(limit)
+        .all(conn)
+        .await?;
+    let active = command::Entity::find()
+        .filter(command::Column::Status.is_in([
+            CommandStatus::Dispatched.to_string(),
+            CommandStatus::Running.to_string(),
+        ]))
+        .limit(limit)
+        .all(conn)
+        .await?;
+    expired
+        .into_iter()
+        .chain(active)
+        .map(command_from)
+        .collect()
+}
