@@ -24,6 +24,8 @@ pub enum Axis {
     Generation,
     ObservedGeneration,
     Lifecycle,
+    /// Facts from the node's inventory (GPU count, hardware key).
+    Inventory,
 }
 
 /// One change a transition made: which axis, from what to what, and the event type that

@@ -17,6 +17,7 @@ pub mod command;
 pub mod error;
 pub mod event;
 pub mod hardware;
+pub mod health;
 pub mod ids;
 pub mod node;
 pub mod protocol;

@@ -571,6 +571,87 @@ impl NodeRecord {
         changes
     }
 
+    /// Applies what the node's `gpus` report says: the inventory labels (replacing earlier
+    /// ones under the inventory prefix, never touching operators' labels), the GPU count, and
+    /// every health condition with its reason.
+    pub fn apply_gpu_inventory(
+        &mut self,
+        facts: &crate::health::InventoryFacts,
+        by: &Actor,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<Change>, DomainError> {
+        let prefix = crate::health::INVENTORY_LABEL_PREFIX;
+        let stale: Vec<String> = self
+            .labels
+            .keys()
+            .filter(|k| k.starts_with(prefix) && !facts.labels.contains_key(*k))
+            .cloned()
+            .collect();
+        let mut changes = self.update_labels(&facts.labels, &stale)?;
+        let count = i32::try_from(facts.devices.len()).unwrap_or(i32::MAX);
+        if count != self.gpu_count {
+            changes.push(Change::new(
+                "node.gpu_count_changed",
+                Axis::Inventory,
+                Some(self.gpu_count.to_string()),
+                Some(count.to_string()),
+            ));
+            self.gpu_count = count;
+        }
+        for condition in &facts.conditions {
+            changes.extend(self.set_condition(
+                condition.kind,
+                condition.status,
+                &condition.reason,
+                &condition.message,
+                true,
+                by,
+                now,
+            )?);
+        }
+        Ok(changes)
+    }
+
+    /// Records the hardware key computed from the node's reported identifiers.
+    pub fn set_hardware_key(&mut self, key: Option<String>, trusted: bool) -> Vec<Change> {
+        if self.hardware_key == key && self.hardware_key_trusted == trusted {
+            return Vec::new();
+        }
+        let describe = |key: &Option<String>, trusted: bool| {
+            key.as_ref().map(|k| {
+                format!(
+                    "{}…{}",
+                    &k[..k.len().min(12)],
+                    if trusted { " (trusted)" } else { "" }
+                )
+            })
+        };
+        let change = Change::new(
+            "node.hardware_key_changed",
+            Axis::Inventory,
+            describe(&self.hardware_key, self.hardware_key_trusted),
+            describe(&key, trusted),
+        );
+        self.hardware_key = key;
+        self.hardware_key_trusted = trusted;
+        vec![change]
+    }
+
+    /// The NodeSpec controller writes a new desired-state generation.
+    pub fn bump_generation(&mut self, why: &str) -> Vec<Change> {
+        let from = self.generation;
+        self.generation += 1;
+        vec![
+            Change::new(
+                "node.spec_generation",
+                Axis::Generation,
+                Some(from.to_string()),
+                Some(self.generation.to_string()),
+            )
+            .with_detail(why),
+        ]
+    }
+
     /// The daemon reports the spec generation it converged. It may only move forward, and
     /// never past the generation the control plane asked for.
     pub fn report_observed_generation(

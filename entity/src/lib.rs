@@ -9,6 +9,7 @@ pub mod event;
 pub mod join_token;
 pub mod node;
 pub mod node_condition;
+pub mod node_device;
 pub mod node_inventory_section;
 pub mod node_label;
 pub mod node_no_schedule_reason;

@@ -17,6 +17,7 @@ use sea_orm_migration::prelude::*;
 mod m20261202_000001_initial;
 mod m20261202_000002_join_and_inventory;
 mod m20261202_000003_commands;
+mod m20261202_000004_devices;
 
 /// Runs every migration in order; see [`MigratorTrait`] for `up`/`down`/`status`.
 pub struct Migrator;
@@ -28,6 +29,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261202_000001_initial::Migration),
             Box::new(m20261202_000002_join_and_inventory::Migration),
             Box::new(m20261202_000003_commands::Migration),
+            Box::new(m20261202_000004_devices::Migration),
         ]
     }
 }

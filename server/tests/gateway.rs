@@ -61,18 +61,19 @@ async fn a_daemon_joins_connects_heartbeats_and_disconnects() {
             (epoch, heartbeat_interval_secs, spec.generation),
             (1, 10, 0)
         );
-        assert_eq!(want_sections, vec!["gpus".to_owned()]);
+        assert_eq!(want_sections, vec!["cpu".to_owned()]);
         let connected = node(s, &issued.node_id).await;
         assert_eq!(connected["connectivity"], "CONNECTED");
         assert_eq!(connected["session"]["gatewayId"], json!(gateway_id));
         let version = connected["version"].clone();
 
-        // Inventory and heartbeats never change the node's version.
+        // Heartbeats, and inventory sections that carry no node facts, never change the
+        // node's version.
         let content = json!({"count": 8});
         send(
             &mut ws,
             &DaemonMessage::Inventory {
-                section: "gpus".into(),
+                section: "cpu".into(),
                 hash: section_hash(&content),
                 content,
             },
@@ -398,7 +399,7 @@ async fn garbage_closes_only_that_session_and_loses_nothing() {
                 "wrong hash",
                 false,
                 vec![Garbage::Text(
-                    r#"{"type":"inventory","section":"gpus","hash":"00","content":{"count":8}}"#
+                    r#"{"type":"inventory","section":"cpu","hash":"00","content":{"count":8}}"#
                         .into(),
                 )],
                 CloseCode::Policy,

@@ -13,6 +13,7 @@
 
 pub mod commands;
 pub mod drain;
+pub mod lifecycle;
 pub mod liveness;
 
 use bc_core::Actor;
@@ -26,6 +27,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 pub use commands::{CommandTimingController, CommandTimingReport};
 pub use drain::{DrainController, DrainReport};
+pub use lifecycle::{LifecycleController, LifecycleReport};
 pub use liveness::{LivenessController, LivenessReport};
 
 use crate::config::LivenessConfig;
@@ -92,7 +94,8 @@ pub fn spawn(services: Services, config: LivenessConfig) -> ControllerLoop {
     let period = config.tick_interval();
     let mut liveness = LivenessController::new(services.clone(), config);
     let mut drain = DrainController::new(services.clone());
-    let mut commands = CommandTimingController::new(services);
+    let mut commands = CommandTimingController::new(services.clone());
+    let mut lifecycle = LifecycleController::new(services);
     let (stop, mut stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(async move {
         let mut ticks = tokio::time::interval_at(Instant::now() + period, period);
@@ -114,6 +117,11 @@ pub fn spawn(services: Services, config: LivenessConfig) -> ControllerLoop {
                         Ok(report) if report.finished > 0 => tracing::info!(?report, "drain deadline tick"),
                         Ok(_) => {}
                         Err(err) => tracing::warn!(error = ?err, "drain deadline tick failed"),
+                    }
+                    match lifecycle.tick().await {
+                        Ok(report) if report != LifecycleReport::default() => tracing::info!(?report, "lifecycle tick"),
+                        Ok(_) => {}
+                        Err(err) => tracing::warn!(code = err.code(), reason = %err.message(), "lifecycle tick failed"),
                     }
                     match commands.tick().await {
                         Ok(report) if report != CommandTimingReport::default() => tracing::info!(?report, "command timing tick"),

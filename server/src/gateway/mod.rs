@@ -122,7 +122,7 @@ impl Gateway {
     }
 }
 
-/// Commands queued or cancelled through any replica reach the session that holds their node
+/// Commands queued or cancelled, and new spec generations, written through any replica reach the session that holds their node
 /// through the live event feed: this routes each command event to the session held here.
 async fn route_command_events(
     services: Services,
@@ -141,8 +141,9 @@ async fn route_command_events(
             match item {
                 Some(Ok(event)) => {
                     let e = &event.event;
-                    let wakes_session = e.axis.as_deref() == Some("command")
-                        && matches!(e.to.as_deref(), Some("queued" | "cancelled" | "timed_out"));
+                    let wakes_session = (e.axis.as_deref() == Some("command")
+                        && matches!(e.to.as_deref(), Some("queued" | "cancelled" | "timed_out")))
+                        || e.axis.as_deref() == Some("generation");
                     if wakes_session
                         && let Some(node) = e
                             .node_id

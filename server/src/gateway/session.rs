@@ -131,6 +131,7 @@ pub(super) async fn run(state: GatewayState, identity: NodeIdentity, socket: Web
                 &identity,
                 epoch,
                 &opened.want_sections,
+                opened.spec_generation,
                 &mut sink,
                 &mut stream,
                 &mut kick_rx,
@@ -167,6 +168,7 @@ async fn follow(
     identity: &NodeIdentity,
     epoch: i64,
     wanted: &[String],
+    spec_generation: i64,
     sink: &mut futures::stream::SplitSink<WebSocket, Message>,
     stream: &mut futures::stream::SplitStream<WebSocket>,
     kicks: &mut mpsc::UnboundedReceiver<SessionSignal>,
@@ -177,6 +179,8 @@ async fn follow(
     // (whose late results are expected, and ignored).
     let mut in_flight: HashSet<CommandId> = HashSet::new();
     let mut stopped: HashSet<CommandId> = HashSet::new();
+    // The spec generation the daemon was last sent (in `welcome`, then in `spec`).
+    let mut spec_sent = spec_generation;
     if let Err(ending) = dispatch(
         state,
         &identity.node_id,
@@ -184,6 +188,7 @@ async fn follow(
         sink,
         &mut in_flight,
         &mut stopped,
+        &mut spec_sent,
     )
     .await
     {
@@ -194,7 +199,7 @@ async fn follow(
             frame = stream.next() => frame,
             signal = kicks.recv() => match signal {
                 Some(SessionSignal::CommandsChanged) => {
-                    if let Err(ending) = dispatch(state, &identity.node_id, epoch, sink, &mut in_flight, &mut stopped).await {
+                    if let Err(ending) = dispatch(state, &identity.node_id, epoch, sink, &mut in_flight, &mut stopped, &mut spec_sent).await {
                         return Some(ending);
                     }
                     continue;
@@ -308,6 +313,7 @@ async fn follow(
                     sink,
                     &mut in_flight,
                     &mut stopped,
+                    &mut spec_sent,
                 )
                 .await
                 {
@@ -343,6 +349,9 @@ async fn follow(
                     .store_inventory_section(&identity.node_id, &section, &hash, content)
                     .await
                 {
+                    if let crate::error::ApiError::BadUserInput(message) = err {
+                        return Some(Ending::violation(message));
+                    }
                     tracing::warn!(node_id = %identity.node_id, code = err.code(), "storing inventory failed");
                     return Some(Ending {
                         code: close_code::ERROR,
@@ -364,6 +373,7 @@ async fn dispatch(
     sink: &mut futures::stream::SplitSink<WebSocket, Message>,
     in_flight: &mut HashSet<CommandId>,
     stopped: &mut HashSet<CommandId>,
+    spec_sent: &mut i64,
 ) -> Result<(), Ending> {
     let internal = |err: crate::error::ApiError| {
         tracing::warn!(%node_id, code = err.code(), reason = %err.message(), "command dispatch failed");
@@ -390,6 +400,22 @@ async fn dispatch(
             .await
             .map_err(|()| gone())?;
         stopped.insert(id);
+    }
+    let generation = state
+        .services
+        .spec_generation(node_id)
+        .await
+        .map_err(internal)?;
+    if generation > *spec_sent {
+        send(
+            sink,
+            &GatewayMessage::Spec {
+                spec: NodeSpec { generation },
+            },
+        )
+        .await
+        .map_err(|()| gone())?;
+        *spec_sent = generation;
     }
     for command in state
         .services

@@ -353,6 +353,27 @@ impl NodeDetail {
         );
         Ok(connection)
     }
+    /// The node's GPUs, in stable order, each with its atom (the unit placement books).
+    async fn devices(&self, ctx: &Context<'_>) -> async_graphql::Result<Vec<Device>> {
+        let services = ctx.data::<Services>()?;
+        let rows = crate::store::gateway::devices(services.store.db(), &self.0.id)
+            .await
+            .map_err(crate::error::ApiError::from)?;
+        Ok(rows
+            .into_iter()
+            .map(|d| Device {
+                name: d.name,
+                kind: d.kind,
+                uuid: d.uuid,
+                pci_bus_id: d.pci_bus_id,
+                model: d.model,
+                memory_mib: d.memory_mib,
+                serial: d.serial,
+                atom: d.atom,
+                healthy: d.healthy,
+            })
+            .collect())
+    }
     /// Commands sent to the node, newest first.
     #[graphql(complexity = "first.unwrap_or(100).max(0) as usize * child_complexity")]
     async fn commands(
@@ -382,6 +403,23 @@ impl NodeDetail {
 }
 
 pub type EventConnection = async_graphql::connection::Connection<String, Event>;
+
+/// A device on a node (a GPU).
+#[derive(SimpleObject)]
+pub struct Device {
+    /// `gpu0`, `gpu1`, … in PCI bus order: stable across reboots.
+    pub name: String,
+    pub kind: String,
+    pub uuid: String,
+    pub pci_bus_id: String,
+    pub model: String,
+    pub memory_mib: i64,
+    pub serial: Option<String>,
+    /// The schedulable unit on it.
+    pub atom: String,
+    /// No health evidence against it (XIDs, ECC, retired pages).
+    pub healthy: bool,
+}
 
 #[derive(SimpleObject)]
 pub struct CordonInfo {

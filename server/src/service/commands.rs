@@ -83,6 +83,35 @@ impl Services {
         Ok(queued)
     }
 
+    /// Queues a command as a controller (acceptance), without a person's checks. Only
+    /// non-destructive kinds: controllers never interrupt work on their own.
+    pub async fn queue_command_as(
+        &self,
+        actor: &Actor,
+        node: &bc_core::node::NodeRecord,
+        new: NewCommand,
+    ) -> ApiResult<Command> {
+        if new.kind.destructive() {
+            return Err(ApiError::Forbidden(format!(
+                "controllers do not send destructive commands ({})",
+                new.kind
+            )));
+        }
+        let now = self.clock.now();
+        let command = Command::new(
+            new,
+            node.id.clone(),
+            node.owner_tenant_id.clone(),
+            actor.clone(),
+            now,
+        )?;
+        let txn = self.store.write().await?;
+        commands::insert(&*txn, std::slice::from_ref(&command)).await?;
+        events::append_command(&*txn, &command, None, actor, now).await?;
+        txn.commit().await?;
+        Ok(command)
+    }
+
     /// Cancels a command that has not ended.
     pub async fn cancel_command(
         &self,

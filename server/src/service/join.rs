@@ -345,7 +345,7 @@ impl Services {
     /// The node a client certificate names, if the certificate is of its current identity
     /// generation and the node is not deleted; `FORBIDDEN` otherwise.
     pub async fn current_node(&self, identity: &NodeIdentity) -> ApiResult<NodeRecord> {
-        let node = nodes::load(self.store.db(), &identity.node_id, false)
+        let node = nodes::load(&self.store.read().await?, &identity.node_id, false)
             .await?
             .filter(|n| n.deleted_at.is_none())
             .ok_or_else(|| {
@@ -450,6 +450,13 @@ impl Services {
         Ok(())
     }
 
+    /// The node's current spec generation (what the gateway sends as `spec`).
+    pub async fn spec_generation(&self, node_id: &NodeId) -> ApiResult<i64> {
+        Ok(nodes::load(&self.store.read().await?, node_id, false)
+            .await?
+            .map_or(0, |n| n.generation))
+    }
+
     /// The daemon converged spec `generation`: the node's `observedGeneration`.
     pub async fn report_converged(&self, node_id: &NodeId, generation: i64) -> ApiResult<()> {
         let actor = Actor::Node(node_id.to_string());
@@ -465,7 +472,9 @@ impl Services {
         Ok(())
     }
 
-    /// Stores one inventory section a daemon sent.
+    /// Stores one inventory section a daemon sent and, in the same transaction, runs the
+    /// Inventory controller over it: devices and atoms, inventory labels, the GPU count, the
+    /// health conditions with their `noScheduleReasons`, and the hardware key.
     pub async fn store_inventory_section(
         &self,
         node_id: &NodeId,
@@ -473,9 +482,62 @@ impl Services {
         hash: &str,
         content: serde_json::Value,
     ) -> ApiResult<()> {
+        let controller = Actor::Controller("inventory".into());
         let txn = self.store.write().await?;
-        gateway::put_inventory_section(&*txn, node_id, section, hash, content, self.clock.now())
+        let now = self.clock.now();
+        gateway::put_inventory_section(&*txn, node_id, section, hash, content, now).await?;
+        if matches!(section, "gpus" | "system" | "network") {
+            let sections = gateway::inventory_sections(&*txn, node_id).await?;
+            let node = nodes::load(&*txn, node_id, false)
+                .await?
+                .ok_or_else(|| ApiError::NotFound(format!("node `{node_id}` does not exist")))?;
+            let expected_gpus = match &node.pool_id {
+                Some(pool_id) => catalog::pool(&*txn, pool_id)
+                    .await?
+                    .and_then(|p| p.hardware_profile.gpu_count),
+                None => None,
+            };
+            let facts = match sections.get("gpus") {
+                Some(gpus) => Some(
+                    bc_core::health::interpret_gpus(gpus, expected_gpus)
+                        .map_err(|e| ApiError::BadUserInput(e.to_string()))?,
+                ),
+                None => None,
+            };
+            let ids = bc_core::health::identifiers(sections.get("system"), sections.get("network"));
+            let hw = hardware_key(&ids);
+            // A trusted key must be unique across live nodes: one already held by another
+            // node is kept, but untrusted, rather than letting two nodes claim one machine.
+            let held_elsewhere = match (&hw.key, hw.trusted) {
+                (Some(key), true) => gateway::node_by_trusted_hardware_key(&*txn, key)
+                    .await?
+                    .is_some_and(|other| &other != node_id),
+                _ => false,
+            };
+            let trusted = hw.trusted && !held_elsewhere;
+            self.change_node_in(
+                &txn,
+                &controller,
+                node_id,
+                None,
+                &|_| true,
+                &format!("inventory:{section}"),
+                |n, by, now| {
+                    let mut changes = match &facts {
+                        Some(facts) => n.apply_gpu_inventory(facts, by, now)?,
+                        None => Vec::new(),
+                    };
+                    if hw.key.is_some() {
+                        changes.extend(n.set_hardware_key(hw.key.clone(), trusted));
+                    }
+                    Ok(changes)
+                },
+            )
             .await?;
+            if let Some(facts) = &facts {
+                gateway::replace_devices(&*txn, node_id, &facts.devices, now).await?;
+            }
+        }
         txn.commit().await?;
         Ok(())
     }

@@ -32,8 +32,8 @@ impl Services {
     /// `node(id)`: a tenant asking for another tenant's node gets `NOT_FOUND`, exactly as if
     /// it did not exist.
     pub async fn node(&self, principal: &Principal, id: &NodeId) -> ApiResult<NodeDetail> {
-        let db = self.store.db();
-        let record = nodes::load(db, id, false)
+        let read = self.store.read().await?;
+        let record = nodes::load(&read, id, false)
             .await?
             .filter(|n| n.deleted_at.is_none());
         let record = record
@@ -54,7 +54,9 @@ impl Services {
         first: u64,
     ) -> ApiResult<NodePage> {
         filter.owner = principal.tenant.clone();
-        let mut records = nodes::list(self.store.db(), &filter, after, first + 1).await?;
+        let read = self.store.read().await?;
+        let mut records = nodes::list(&read, &filter, after, first + 1).await?;
+        drop(read);
         let has_next_page = records.len() as u64 > first;
         records.truncate(first as usize);
         Ok(NodePage {
@@ -73,7 +75,9 @@ impl Services {
             include_deleted: true,
             ..NodeFilter::default()
         };
-        let records = nodes::list(self.store.db(), &filter, None, ids.len() as u64).await?;
+        let read = self.store.read().await?;
+        let records = nodes::list(&read, &filter, None, ids.len() as u64).await?;
+        drop(read);
         self.detail_of(records).await
     }
 

@@ -284,3 +284,64 @@ pub async fn close_open_session(
         .await?;
     Ok(())
 }
+
+/// Every stored inventory section of a node, by name.
+pub async fn inventory_sections(
+    conn: &impl ConnectionTrait,
+    node_id: &NodeId,
+) -> anyhow::Result<BTreeMap<String, serde_json::Value>> {
+    Ok(node_inventory_section::Entity::find()
+        .filter(node_inventory_section::Column::NodeId.eq(node_id.to_string()))
+        .all(conn)
+        .await?
+        .into_iter()
+        .map(|row| (row.section, row.content))
+        .collect())
+}
+
+/// Replaces a node's devices with `devices`.
+pub async fn replace_devices(
+    conn: &impl ConnectionTrait,
+    node_id: &NodeId,
+    devices: &[bc_core::health::Device],
+    now: DateTime<Utc>,
+) -> anyhow::Result<()> {
+    use bc_entity::node_device;
+    node_device::Entity::delete_many()
+        .filter(node_device::Column::NodeId.eq(node_id.to_string()))
+        .exec(conn)
+        .await?;
+    if devices.is_empty() {
+        return Ok(());
+    }
+    let rows = devices.iter().map(|d| node_device::ActiveModel {
+        node_id: Set(node_id.to_string()),
+        name: Set(d.name.clone()),
+        kind: Set("gpu".to_owned()),
+        uuid: Set(d.uuid.clone()),
+        pci_bus_id: Set(d.pci_bus_id.clone()),
+        model: Set(d.model.clone()),
+        memory_mib: Set(i64::try_from(d.memory_mib).unwrap_or(i64::MAX)),
+        serial: Set(d.serial.clone()),
+        atom: Set(d.atom.clone()),
+        healthy: Set(d.healthy),
+        updated_at: Set(now),
+    });
+    node_device::Entity::insert_many(rows)
+        .exec_without_returning(conn)
+        .await?;
+    Ok(())
+}
+
+/// A node's devices, in name order.
+pub async fn devices(
+    conn: &impl ConnectionTrait,
+    node_id: &NodeId,
+) -> anyhow::Result<Vec<bc_entity::node_device::Model>> {
+    use bc_entity::node_device;
+    Ok(node_device::Entity::find()
+        .filter(node_device::Column::NodeId.eq(node_id.to_string()))
+        .order_by_asc(node_device::Column::Name)
+        .all(conn)
+        .await?)
+}

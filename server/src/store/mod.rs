@@ -137,6 +137,24 @@ impl Store {
         }
     }
 
+    /// Starts a read-only transaction: every query in it sees one snapshot, so a node read as
+    /// several rows (the node, its labels, taints, conditions and reasons) is never torn by a
+    /// write that commits in between. PostgreSQL: REPEATABLE READ; SQLite: a read transaction
+    /// in WAL mode is a snapshot already.
+    pub async fn read(&self) -> Result<DatabaseTransaction, sea_orm::DbErr> {
+        match self.backend() {
+            DbBackend::Postgres => {
+                self.db
+                    .begin_with_config(
+                        Some(sea_orm::IsolationLevel::RepeatableRead),
+                        Some(sea_orm::AccessMode::ReadOnly),
+                    )
+                    .await
+            }
+            _ => self.db.begin().await,
+        }
+    }
+
     /// Notified after every committed write transaction of this process.
     pub fn committed(&self) -> Arc<Notify> {
         self.committed.clone()

@@ -183,7 +183,7 @@ pub async fn next(ws: &mut Ws) -> Result<GatewayMessage, (Option<CloseCode>, Str
 pub fn hello(observed_generation: i64) -> DaemonMessage {
     DaemonMessage::Hello {
         daemon_version: "test".into(),
-        inventory_hashes: BTreeMap::from([("gpus".into(), section_hash(&json!({"count": 8})))]),
+        inventory_hashes: BTreeMap::from([("cpu".into(), section_hash(&json!({"count": 8})))]),
         observed_generation,
     }
 }

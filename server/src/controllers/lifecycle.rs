@@ -1,0 +1,192 @@
+//! NodeLifecycle (acceptance) and NodeSpec: the seed's "Acceptance" and "Schedulable" steps.
+//!
+//! - Acceptance: an `adopting`, connected node that reported its GPUs gets the pool's
+//!   acceptance check, `diag.nvml`, as a command. A pass makes it `adopted`; a failure makes
+//!   it `failed` (`failedFrom: adopting`, maintenance on), and the diagnostic's result stays
+//!   on the command for people to read. A check that times out, expires or is cancelled
+//!   counts as a failure: acceptance never passes a node it could not check.
+//! - NodeSpec: an `adopted` or `deployed` node at generation 0 gets generation 1; the gateway
+//!   sends it, the daemon converges and reports `observedGeneration`, and the node becomes
+//!   schedulable when nothing else blocks it.
+
+use bc_core::Actor;
+use bc_core::axes::{Connectivity, ProvisionState};
+use bc_core::command::{CommandKind, CommandStatus, NewCommand};
+use bc_core::provision::ProvisionMove;
+
+use super::{Applied, apply};
+use crate::error::ApiError;
+use crate::service::Services;
+use crate::service::nodes::NodeFilter;
+use crate::store::commands::CommandFilter;
+
+/// Nodes looked at per pass at most; the rest wait for the next tick.
+const MAX_PER_TICK: u64 = 2_000;
+/// The DCGM run level acceptance uses: level 2 exercises memory and PCIe, minutes not hours.
+const ACCEPTANCE_DIAG_LEVEL: u64 = 2;
+
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct LifecycleReport {
+    pub checks_queued: usize,
+    pub adopted: usize,
+    pub failed: usize,
+    pub specs_written: usize,
+}
+
+pub struct LifecycleController {
+    services: Services,
+    actor: Actor,
+}
+
+impl LifecycleController {
+    pub fn new(services: Services) -> Self {
+        LifecycleController {
+            services,
+            actor: Actor::Controller("node-lifecycle".into()),
+        }
+    }
+
+    pub async fn tick(&mut self) -> Result<LifecycleReport, ApiError> {
+        let mut report = LifecycleReport::default();
+        self.acceptance(&mut report).await?;
+        self.node_spec(&mut report).await?;
+        Ok(report)
+    }
+
+    async fn acceptance(&mut self, report: &mut LifecycleReport) -> Result<(), ApiError> {
+        let filter = NodeFilter {
+            provision_states: vec![ProvisionState::Adopting],
+            connectivity: vec![Connectivity::Connected],
+            ..NodeFilter::default()
+        };
+        let read = self.services.store.read().await?;
+        let candidates = crate::store::nodes::list(&read, &filter, None, MAX_PER_TICK).await?;
+        drop(read);
+        for node in candidates.into_iter().filter(|n| n.gpu_count > 0) {
+            let mine = CommandFilter {
+                node_ids: vec![node.id.clone()],
+                kinds: vec![CommandKind::DiagNvml],
+                ..Default::default()
+            };
+            let (checks, _) = self.services.commands(&platform(), mine, None, 20).await?;
+            let Some(check) = checks.into_iter().find(|c| c.created_by == self.actor) else {
+                let new = NewCommand {
+                    kind: CommandKind::DiagNvml,
+                    params: serde_json::json!({ "level": ACCEPTANCE_DIAG_LEVEL }),
+                    timeout: None,
+                    not_before: None,
+                    ttl: None,
+                    force: false,
+                };
+                self.services
+                    .queue_command_as(&self.actor, &node, new)
+                    .await?;
+                report.checks_queued += 1;
+                continue;
+            };
+            let passed = check.status == CommandStatus::Succeeded
+                && check
+                    .result
+                    .as_ref()
+                    .and_then(|r| r.get("passed"))
+                    .and_then(serde_json::Value::as_bool)
+                    == Some(true);
+            let cause = format!("acceptance:{}", check.id);
+            match check.status {
+                CommandStatus::Queued | CommandStatus::Dispatched | CommandStatus::Running => {}
+                _ if passed => {
+                    let outcome = apply(
+                        &self.services,
+                        &self.actor,
+                        &node.id,
+                        node.version,
+                        &cause,
+                        |n, _, _| n.apply_move(ProvisionMove::Adopt, Some("acceptance passed")),
+                    )
+                    .await;
+                    if outcome == Applied::Changed {
+                        report.adopted += 1;
+                    }
+                }
+                status => {
+                    let why = match (&check.error, &check.result) {
+                        (Some(error), _) => format!("acceptance {status}: {error}"),
+                        (None, Some(result)) => format!("acceptance failed: {}", summarise(result)),
+                        (None, None) => format!("acceptance {status}"),
+                    };
+                    let outcome = apply(
+                        &self.services,
+                        &self.actor,
+                        &node.id,
+                        node.version,
+                        &cause,
+                        |n, _, _| n.apply_move(ProvisionMove::Fail, Some(&why)),
+                    )
+                    .await;
+                    if outcome == Applied::Changed {
+                        report.failed += 1;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn node_spec(&mut self, report: &mut LifecycleReport) -> Result<(), ApiError> {
+        let filter = NodeFilter {
+            provision_states: vec![ProvisionState::Adopted, ProvisionState::Deployed],
+            ..NodeFilter::default()
+        };
+        let read = self.services.store.read().await?;
+        let nodes = crate::store::nodes::list(&read, &filter, None, MAX_PER_TICK * 5).await?;
+        drop(read);
+        let actor = Actor::Controller("node-spec".into());
+        for node in nodes.into_iter().filter(|n| n.generation == 0) {
+            let outcome = apply(
+                &self.services,
+                &actor,
+                &node.id,
+                node.version,
+                "node-spec:initial",
+                |n, _, _| {
+                    Ok(if n.generation == 0 {
+                        n.bump_generation("first spec after acceptance")
+                    } else {
+                        Vec::new()
+                    })
+                },
+            )
+            .await;
+            if outcome == Applied::Changed {
+                report.specs_written += 1;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The failures of a diagnostic result, in a line.
+fn summarise(result: &serde_json::Value) -> String {
+    match result.get("failures").and_then(serde_json::Value::as_array) {
+        Some(failures) if !failures.is_empty() => failures
+            .iter()
+            .map(|f| {
+                f.get("message")
+                    .and_then(serde_json::Value::as_str)
+                    .map_or_else(|| f.to_string(), str::to_owned)
+            })
+            .collect::<Vec<_>>()
+            .join("; "),
+        _ => "the diagnostic did not pass".to_owned(),
+    }
+}
+
+/// Controllers read as the platform.
+fn platform() -> crate::auth::Principal {
+    crate::auth::Principal {
+        subject: "controller".into(),
+        role: crate::auth::Role::Admin,
+        tenant: None,
+        expires_at: chrono::DateTime::<chrono::Utc>::MAX_UTC,
+    }
+}
