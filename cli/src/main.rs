@@ -193,6 +193,8 @@ fn print_progress(progress: Progress) {
 
 /// How often `dev --sim` prints the fleet's progress.
 const DEV_PROGRESS_EVERY: Duration = Duration::from_secs(2);
+/// The seed of `dev --sim`'s machines.
+const DEV_FLEET_SEED: u64 = 0x00bc_de00;
 /// The names of what `dev --sim` creates (once; later runs reuse them).
 const DEV_SITE: &str = "dev";
 const DEV_POOL: &str = "dev-gpu";
@@ -237,6 +239,9 @@ async fn dev(
     let ca = CaTrust::Pem(server.services.ca.cert_pem().to_owned());
     let mut options = sim_options(sim_gpus, sim_mixed);
     options.report_every = DEV_PROGRESS_EVERY;
+    // The same machines every run: a restarted `dev --sim` re-joins them in place (same
+    // hardware keys) instead of adding a second fleet to the embedded database.
+    options.seed = Some(DEV_FLEET_SEED);
     writeln!(
         out,
         "Starting {sim} simulated nodes (joined / connected / schedulable):"

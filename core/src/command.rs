@@ -252,12 +252,15 @@ impl CommandStatus {
     /// back to queued when the session drops (redelivery).
     pub fn can_move_to(self, to: CommandStatus) -> bool {
         use CommandStatus::*;
-        match (self, to) {
-            (Queued, Dispatched | Cancelled | Expired | Failed) => true,
-            (Dispatched, Running | Queued | Succeeded | Failed | Cancelled | TimedOut) => true,
-            (Running, Queued | Succeeded | Failed | Cancelled | TimedOut) => true,
-            _ => false,
-        }
+        matches!(
+            (self, to),
+            (Queued, Dispatched | Cancelled | Expired | Failed)
+                | (
+                    Dispatched,
+                    Running | Queued | Succeeded | Failed | Cancelled | TimedOut
+                )
+                | (Running, Queued | Succeeded | Failed | Cancelled | TimedOut)
+        )
     }
 }
 

@@ -96,14 +96,21 @@ impl MigrationTrait for Migration {
             .await?;
         manager
             .create_index(
-                Index::create().name("ix_commands_status_expires_at").table(Commands::Table).col(Commands::Status).col(Commands::ExpiresAt).take(),
+                Index::create()
+                    .name("ix_commands_status_expires_at")
+                    .table(Commands::Table)
+                    .col(Commands::Status)
+                    .col(Commands::ExpiresAt)
+                    .take(),
             )
             .await?;
         Ok(())
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        manager.drop_table(Table::drop().table(Commands::Table).take()).await?;
+        manager
+            .drop_table(Table::drop().table(Commands::Table).take())
+            .await?;
         Ok(())
     }
 }

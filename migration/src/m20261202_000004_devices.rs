@@ -49,7 +49,11 @@ impl MigrationTrait for Migration {
                     .col(text(NodeDevices::Atom))
                     .col(boolean(NodeDevices::Healthy))
                     .col(timestamp_with_time_zone(NodeDevices::UpdatedAt))
-                    .primary_key(Index::create().col(NodeDevices::NodeId).col(NodeDevices::Name))
+                    .primary_key(
+                        Index::create()
+                            .col(NodeDevices::NodeId)
+                            .col(NodeDevices::Name),
+                    )
                     .foreign_key(
                         ForeignKey::create()
                             .name("fk_node_devices_node_id")
@@ -64,7 +68,9 @@ impl MigrationTrait for Migration {
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        manager.drop_table(Table::drop().table(NodeDevices::Table).take()).await?;
+        manager
+            .drop_table(Table::drop().table(NodeDevices::Table).take())
+            .await?;
         Ok(())
     }
 }

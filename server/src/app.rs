@@ -120,7 +120,10 @@ pub async fn start(config: &Config, clock: Arc<dyn Clock>) -> anyhow::Result<Run
         .liveness
         .enabled
         .then(|| controllers::spawn(services.clone(), config.liveness.clone()));
-    let gateway = crate::gateway::Gateway::start(&config.gateway, services.clone(), gateway_feed,
+    let gateway = crate::gateway::Gateway::start(
+        &config.gateway,
+        services.clone(),
+        gateway_feed,
         config.liveness.heartbeat_interval(),
     )
     .await?;

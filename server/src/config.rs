@@ -294,7 +294,10 @@ impl Config {
 
     /// Where the CA lives: `gateway.ca_dir`, or `data_dir/ca`.
     pub fn ca_dir(&self) -> PathBuf {
-        self.gateway.ca_dir.clone().unwrap_or_else(|| self.data_dir.join("ca"))
+        self.gateway
+            .ca_dir
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join("ca"))
     }
 
     /// The JWT secret: configured, or generated once and kept in `data_dir/jwt-secret`.

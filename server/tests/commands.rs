@@ -142,7 +142,7 @@ async fn commands_run_one_at_a_time_per_lane_and_lanes_run_side_by_side() {
         assert_eq!(reset[0]["status"], "QUEUED");
 
         // diag.nvml (gpu lane) and logs.collect (logs lane) go out; gpu.reset waits.
-        let mut sent = vec![next_command(&mut live.ws).await, next_command(&mut live.ws).await];
+        let mut sent = [next_command(&mut live.ws).await, next_command(&mut live.ws).await];
         sent.sort_by(|a, b| a.1.cmp(&b.1));
         assert_eq!(sent.iter().map(|(_, k)| k.as_str()).collect::<Vec<_>>(), vec!["diag.nvml", "logs.collect"]);
         assert_eq!(sent[0].0, diag[0]["id"].as_str().unwrap());

@@ -419,7 +419,12 @@ fn assert_limited(response: &Gql, message: &str) {
         "{:#}",
         response.body
     );
-    assert_eq!(response.code(), Some("BAD_USER_INPUT"), "{:#}", response.body);
+    assert_eq!(
+        response.code(),
+        Some("BAD_USER_INPUT"),
+        "{:#}",
+        response.body
+    );
 }
 
 #[tokio::test]

@@ -12,6 +12,7 @@
 //! fetch, one join HTTP client and one limit on concurrent handshakes.
 
 use crate::inventory::{self, Machine};
+use bc_core::command::{CommandKind, Outcome};
 use bc_core::protocol::{
     self, DaemonMessage, ErrorBody, GatewayMessage, IssuedIdentity, JoinRequest, RenewRequest,
 };
@@ -35,7 +36,10 @@ use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::time::{Instant, Interval, MissedTickBehavior};
 use tokio_tungstenite::WebSocketStream;
-use tokio_tungstenite::tungstenite::{self, Message, client::IntoClientRequest, http, protocol::CloseFrame, protocol::WebSocketConfig, protocol::frame::coding::CloseCode};
+use tokio_tungstenite::tungstenite::{
+    self, Message, client::IntoClientRequest, http, protocol::CloseFrame,
+    protocol::WebSocketConfig, protocol::frame::coding::CloseCode,
+};
 
 /// The first reconnect delay: PROTOCOL.md's "1 s doubling to 60 s".
 pub const RECONNECT_BACKOFF_BASE: Duration = Duration::from_secs(1);
@@ -91,9 +95,17 @@ pub enum DaemonError {
     #[error("HTTP: {0}")]
     Http(#[from] reqwest::Error),
     #[error("the gateway refused the {operation} ({status} {code}): {message}")]
-    Refused { operation: &'static str, status: u16, code: String, message: String },
+    Refused {
+        operation: &'static str,
+        status: u16,
+        code: String,
+        message: String,
+    },
     #[error("the gateway answered the {operation} with something unexpected: {message}")]
-    BadAnswer { operation: &'static str, message: String },
+    BadAnswer {
+        operation: &'static str,
+        message: String,
+    },
     #[error("WebSocket: {0}")]
     WebSocket(#[from] tungstenite::Error),
     #[error("I/O: {0}")]
@@ -113,7 +125,9 @@ impl DaemonError {
     /// Timeouts, connection failures, 5xx answers and a busy gateway (429) are worth another try.
     pub fn is_permanent(&self) -> bool {
         match self {
-            DaemonError::Refused { status, .. } => (400..500).contains(status) && *status != 408 && *status != 429,
+            DaemonError::Refused { status, .. } => {
+                (400..500).contains(status) && *status != 408 && *status != 429
+            }
             DaemonError::BadGatewayUrl { .. }
             | DaemonError::Ca(_)
             | DaemonError::CaFingerprintMismatch { .. }
@@ -231,6 +245,9 @@ pub struct DaemonStatus {
     pub sessions: u64,
     pub heartbeats_sent: u64,
     pub inventory_sections_sent: u64,
+    /// Commands the gateway sent, and those the simulated machine finished.
+    pub commands_received: u64,
+    pub commands_finished: u64,
     /// The spec generation the daemon converged (it converges at once).
     pub observed_generation: i64,
     /// Why the last session ended: the gateway's goodbye or close reason, or the error.
@@ -276,7 +293,10 @@ pub struct GatewayContext {
 
 impl std::fmt::Debug for GatewayContext {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GatewayContext").field("base", &self.base.as_str()).field("ca_sha256", &self.trust.sha256).finish()
+        f.debug_struct("GatewayContext")
+            .field("base", &self.base.as_str())
+            .field("ca_sha256", &self.trust.sha256)
+            .finish()
     }
 }
 
@@ -284,7 +304,10 @@ impl GatewayContext {
     /// Parses the gateway URL (`https://host:port`) and settles on the CA to trust, fetching
     /// `/v1/ca.pem` when `ca` is a pin or trust on first use.
     pub async fn resolve(gateway_url: &str, ca: &CaTrust) -> Result<GatewayContext, DaemonError> {
-        let bad = |reason: &str| DaemonError::BadGatewayUrl { url: gateway_url.to_owned(), reason: reason.to_owned() };
+        let bad = |reason: &str| DaemonError::BadGatewayUrl {
+            url: gateway_url.to_owned(),
+            reason: reason.to_owned(),
+        };
         let base = reqwest::Url::parse(gateway_url).map_err(|e| bad(&e.to_string()))?;
         if base.scheme() != "https" {
             return Err(bad("the gateway always speaks TLS: use https://"));
@@ -294,7 +317,10 @@ impl GatewayContext {
         // and TLS server names do not.
         let url_host = base.host_str().ok_or_else(|| bad("no host"))?;
         let authority = format!("{url_host}:{port}");
-        let host = url_host.trim_start_matches('[').trim_end_matches(']').to_owned();
+        let host = url_host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned();
         let server_name = ServerName::try_from(host.clone()).map_err(|e| bad(&e.to_string()))?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let trust = match ca {
@@ -304,7 +330,10 @@ impl GatewayContext {
                 let trust = Trust::from_pem(&fetched, provider)?;
                 let expected = normalize_fingerprint(pin);
                 if trust.sha256 != expected {
-                    return Err(DaemonError::CaFingerprintMismatch { expected, actual: trust.sha256.clone() });
+                    return Err(DaemonError::CaFingerprintMismatch {
+                        expected,
+                        actual: trust.sha256.clone(),
+                    });
                 }
                 tracing::debug!(ca_sha256 = %trust.sha256, "fetched the control plane CA; it matches the pin");
                 trust
@@ -354,7 +383,12 @@ impl GatewayContext {
     }
 
     fn endpoint(&self, path: &str) -> Result<reqwest::Url, DaemonError> {
-        self.base.join(path).map_err(|e| DaemonError::BadGatewayUrl { url: self.base.to_string(), reason: e.to_string() })
+        self.base
+            .join(path)
+            .map_err(|e| DaemonError::BadGatewayUrl {
+                url: self.base.to_string(),
+                reason: e.to_string(),
+            })
     }
 
     async fn handshake_permit(&self) -> Option<OwnedSemaphorePermit> {
@@ -377,19 +411,32 @@ struct Trust {
 
 impl Trust {
     fn from_pem(pem: &str, provider: Arc<CryptoProvider>) -> Result<Trust, DaemonError> {
-        let certs = CertificateDer::pem_slice_iter(pem.as_bytes()).collect::<Result<Vec<_>, _>>()?;
-        let first = certs.first().ok_or_else(|| DaemonError::Ca("no certificate in the CA PEM".to_owned()))?;
+        let certs =
+            CertificateDer::pem_slice_iter(pem.as_bytes()).collect::<Result<Vec<_>, _>>()?;
+        let first = certs
+            .first()
+            .ok_or_else(|| DaemonError::Ca("no certificate in the CA PEM".to_owned()))?;
         let sha256 = hex::encode(Sha256::digest(first.as_ref()));
         let mut roots = RootCertStore::empty();
         for cert in certs {
             roots.add(cert)?;
         }
-        let verifier = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone()).build()?;
-        Ok(Trust { pem: pem.to_owned(), sha256, provider, verifier })
+        let verifier =
+            WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+                .build()?;
+        Ok(Trust {
+            pem: pem.to_owned(),
+            sha256,
+            provider,
+            verifier,
+        })
     }
 
     /// A TLS client configuration trusting only this CA, presenting `client_auth` if given.
-    fn client_config(&self, client_auth: Option<(&[CertificateDer<'static>], &PrivateKeyDer<'static>)>) -> Result<ClientConfig, DaemonError> {
+    fn client_config(
+        &self,
+        client_auth: Option<(&[CertificateDer<'static>], &PrivateKeyDer<'static>)>,
+    ) -> Result<ClientConfig, DaemonError> {
         let builder = ClientConfig::builder_with_provider(self.provider.clone())
             .with_safe_default_protocol_versions()?
             .with_webpki_verifier(self.verifier.clone());
@@ -402,7 +449,10 @@ impl Trust {
         Ok(config)
     }
 
-    fn http_client(&self, client_auth: Option<(&[CertificateDer<'static>], &PrivateKeyDer<'static>)>) -> Result<reqwest::Client, DaemonError> {
+    fn http_client(
+        &self,
+        client_auth: Option<(&[CertificateDer<'static>], &PrivateKeyDer<'static>)>,
+    ) -> Result<reqwest::Client, DaemonError> {
         Ok(reqwest::Client::builder()
             .tls_backend_preconfigured(self.client_config(client_auth)?)
             .timeout(HTTP_TIMEOUT)
@@ -430,12 +480,32 @@ impl ServerCertVerifier for AcceptAnyServerCertificate {
         Ok(ServerCertVerified::assertion())
     }
 
-    fn verify_tls12_signature(&self, message: &[u8], cert: &CertificateDer<'_>, dss: &DigitallySignedStruct) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
     }
 
-    fn verify_tls13_signature(&self, message: &[u8], cert: &CertificateDer<'_>, dss: &DigitallySignedStruct) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
@@ -444,20 +514,34 @@ impl ServerCertVerifier for AcceptAnyServerCertificate {
 }
 
 /// `GET /v1/ca.pem` without verifying the server: the caller must check what it gets.
-async fn fetch_ca_unverified(base: &reqwest::Url, provider: Arc<CryptoProvider>) -> Result<String, DaemonError> {
+async fn fetch_ca_unverified(
+    base: &reqwest::Url,
+    provider: Arc<CryptoProvider>,
+) -> Result<String, DaemonError> {
     let mut config = ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()?
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(AcceptAnyServerCertificate(provider)))
         .with_no_client_auth();
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let client = reqwest::Client::builder().tls_backend_preconfigured(config).timeout(HTTP_TIMEOUT).https_only(true).build()?;
-    let url = base.join("/v1/ca.pem").map_err(|e| DaemonError::BadGatewayUrl { url: base.to_string(), reason: e.to_string() })?;
+    let client = reqwest::Client::builder()
+        .tls_backend_preconfigured(config)
+        .timeout(HTTP_TIMEOUT)
+        .https_only(true)
+        .build()?;
+    let url = base
+        .join("/v1/ca.pem")
+        .map_err(|e| DaemonError::BadGatewayUrl {
+            url: base.to_string(),
+            reason: e.to_string(),
+        })?;
     let response = client.get(url).send().await?;
     let status = response.status();
     let body = response.text().await?;
     if !status.is_success() {
-        return Err(DaemonError::Ca(format!("GET /v1/ca.pem answered {status}: {body}")));
+        return Err(DaemonError::Ca(format!(
+            "GET /v1/ca.pem answered {status}: {body}"
+        )));
     }
     Ok(body)
 }
@@ -465,8 +549,14 @@ async fn fetch_ca_unverified(base: &reqwest::Url, provider: Arc<CryptoProvider>)
 /// Lower-case hex without `sha256:` prefix or `:` separators.
 pub fn normalize_fingerprint(pin: &str) -> String {
     let pin = pin.trim();
-    let pin = pin.strip_prefix("sha256:").or_else(|| pin.strip_prefix("SHA256:")).unwrap_or(pin);
-    pin.chars().filter(|c| *c != ':').flat_map(char::to_lowercase).collect()
+    let pin = pin
+        .strip_prefix("sha256:")
+        .or_else(|| pin.strip_prefix("SHA256:"))
+        .unwrap_or(pin);
+    pin.chars()
+        .filter(|c| *c != ':')
+        .flat_map(char::to_lowercase)
+        .collect()
 }
 
 /// Exponential backoff: `base` doubling to `max`, each delay jittered down by up to
@@ -481,14 +571,21 @@ pub struct Backoff {
 
 impl Default for Backoff {
     fn default() -> Self {
-        Backoff { base: RECONNECT_BACKOFF_BASE, max: RECONNECT_BACKOFF_MAX, jitter: RECONNECT_JITTER, attempt: 0 }
+        Backoff {
+            base: RECONNECT_BACKOFF_BASE,
+            max: RECONNECT_BACKOFF_MAX,
+            jitter: RECONNECT_JITTER,
+            attempt: 0,
+        }
     }
 }
 
 impl Backoff {
     /// The delay before try `attempt` (0-based) without jitter.
     pub fn nominal(&self, attempt: u32) -> Duration {
-        self.base.saturating_mul(2u32.saturating_pow(attempt)).min(self.max)
+        self.base
+            .saturating_mul(2u32.saturating_pow(attempt))
+            .min(self.max)
     }
 
     /// The next delay, jittered; each call doubles the following one.
@@ -529,22 +626,39 @@ struct Identity {
 }
 
 impl Identity {
-    fn new(issued: IssuedIdentity, key: &rcgen::KeyPair, trust: &Trust, knobs: &DaemonKnobs) -> Result<Identity, DaemonError> {
-        let chain = CertificateDer::pem_slice_iter(issued.certificate_pem.as_bytes()).collect::<Result<Vec<_>, _>>()?;
+    fn new(
+        issued: IssuedIdentity,
+        key: &rcgen::KeyPair,
+        trust: &Trust,
+        knobs: &DaemonKnobs,
+    ) -> Result<Identity, DaemonError> {
+        let chain = CertificateDer::pem_slice_iter(issued.certificate_pem.as_bytes())
+            .collect::<Result<Vec<_>, _>>()?;
         if chain.is_empty() {
-            return Err(DaemonError::BadAnswer { operation: "join", message: "no certificate in certificatePem".to_owned() });
+            return Err(DaemonError::BadAnswer {
+                operation: "join",
+                message: "no certificate in certificatePem".to_owned(),
+            });
         }
         let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
         let session_tls = Arc::new(trust.client_config(Some((&chain, &key)))?);
         let renew_at = match knobs.renew_interval_override {
             Some(interval) => Instant::now() + interval,
             None => {
-                let until = (issued.renew_after - Utc::now()).to_std().unwrap_or(Duration::ZERO);
+                let until = (issued.renew_after - Utc::now())
+                    .to_std()
+                    .unwrap_or(Duration::ZERO);
                 let random: f64 = rand::random();
                 Instant::now() + until.mul_f64(1.0 - RENEW_JITTER * random)
             }
         };
-        Ok(Identity { issued, chain, key, session_tls, renew_at })
+        Ok(Identity {
+            issued,
+            chain,
+            key,
+            session_tls,
+            renew_at,
+        })
     }
 
     fn expired(&self) -> bool {
@@ -556,7 +670,10 @@ impl Identity {
 enum SessionEnd {
     Stopped,
     /// The gateway closed it (after a `goodbye`, or not); `reconnect` is the goodbye's advice.
-    Closed { reason: String, reconnect: bool },
+    Closed {
+        reason: String,
+        reconnect: bool,
+    },
     /// The flapping knob dropped it.
     Flapped,
     Revoked(String),
@@ -587,7 +704,9 @@ pub struct FakeDaemon {
 
 impl std::fmt::Debug for FakeDaemon {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FakeDaemon").field("hostname", &self.shared.machine.hostname).finish()
+        f.debug_struct("FakeDaemon")
+            .field("hostname", &self.shared.machine.hostname)
+            .finish()
     }
 }
 
@@ -595,13 +714,35 @@ impl FakeDaemon {
     /// A daemon for the gateway at `gateway_url` (`https://host:port`) that joins with
     /// `join_secret` (`<jt_id>.<secret>`), with default knobs. Nothing happens until
     /// [`FakeDaemon::start`] or [`FakeDaemon::run`].
-    pub fn new(gateway_url: impl Into<String>, join_secret: impl Into<String>, ca: CaTrust) -> FakeDaemon {
-        FakeDaemon::build(Source::Unresolved { gateway_url: gateway_url.into(), ca }, join_secret.into(), DaemonKnobs::default(), None)
+    pub fn new(
+        gateway_url: impl Into<String>,
+        join_secret: impl Into<String>,
+        ca: CaTrust,
+    ) -> FakeDaemon {
+        FakeDaemon::build(
+            Source::Unresolved {
+                gateway_url: gateway_url.into(),
+                ca,
+            },
+            join_secret.into(),
+            DaemonKnobs::default(),
+            None,
+        )
     }
 
     /// A daemon sharing a resolved context (and its counters) with others: what a fleet uses.
-    pub fn with_context(context: Arc<GatewayContext>, join_secret: impl Into<String>, knobs: DaemonKnobs, counters: Arc<FleetCounters>) -> FakeDaemon {
-        FakeDaemon::build(Source::Resolved(context), join_secret.into(), knobs, Some(counters))
+    pub fn with_context(
+        context: Arc<GatewayContext>,
+        join_secret: impl Into<String>,
+        knobs: DaemonKnobs,
+        counters: Arc<FleetCounters>,
+    ) -> FakeDaemon {
+        FakeDaemon::build(
+            Source::Resolved(context),
+            join_secret.into(),
+            knobs,
+            Some(counters),
+        )
     }
 
     /// The same daemon with other knobs (before it starts).
@@ -611,7 +752,10 @@ impl FakeDaemon {
             Err(shared) => (
                 match &shared.source {
                     Source::Resolved(context) => Source::Resolved(context.clone()),
-                    Source::Unresolved { gateway_url, ca } => Source::Unresolved { gateway_url: gateway_url.clone(), ca: ca.clone() },
+                    Source::Unresolved { gateway_url, ca } => Source::Unresolved {
+                        gateway_url: gateway_url.clone(),
+                        ca: ca.clone(),
+                    },
                 },
                 shared.join_secret.clone(),
                 shared.counters.clone(),
@@ -620,10 +764,18 @@ impl FakeDaemon {
         FakeDaemon::build(source, join_secret, knobs, Some(counters))
     }
 
-    fn build(source: Source, join_secret: String, mut knobs: DaemonKnobs, counters: Option<Arc<FleetCounters>>) -> FakeDaemon {
+    fn build(
+        source: Source,
+        join_secret: String,
+        mut knobs: DaemonKnobs,
+        counters: Option<Arc<FleetCounters>>,
+    ) -> FakeDaemon {
         let seed = *knobs.seed.get_or_insert_with(rand::random);
         let machine = Machine::new(seed, knobs.hostname.clone(), knobs.identifiers.clone());
-        let status = DaemonStatus { hostname: machine.hostname.clone(), ..DaemonStatus::default() };
+        let status = DaemonStatus {
+            hostname: machine.hostname.clone(),
+            ..DaemonStatus::default()
+        };
         FakeDaemon {
             shared: Arc::new(Shared {
                 source,
@@ -672,7 +824,11 @@ impl FakeDaemon {
 
     /// Waits until `predicate` holds for the state, at most `timeout`; returns the state
     /// then, or the last state seen as the error.
-    pub async fn wait_for(&self, predicate: impl FnMut(&DaemonStatus) -> bool, timeout: Duration) -> Result<DaemonStatus, DaemonStatus> {
+    pub async fn wait_for(
+        &self,
+        predicate: impl FnMut(&DaemonStatus) -> bool,
+        timeout: Duration,
+    ) -> Result<DaemonStatus, DaemonStatus> {
         let mut status = self.subscribe();
         match tokio::time::timeout(timeout, status.wait_for(predicate)).await {
             Ok(Ok(found)) => Ok(found.clone()),
@@ -740,9 +896,15 @@ impl FakeDaemon {
         });
         if changed {
             if connected {
-                self.shared.counters.connected.fetch_add(1, Ordering::Relaxed);
+                self.shared
+                    .counters
+                    .connected
+                    .fetch_add(1, Ordering::Relaxed);
             } else {
-                self.shared.counters.connected.fetch_sub(1, Ordering::Relaxed);
+                self.shared
+                    .counters
+                    .connected
+                    .fetch_sub(1, Ordering::Relaxed);
             }
         }
     }
@@ -760,7 +922,9 @@ impl FakeDaemon {
     /// Sleeps `delay` in the backoff phase; false if stopped meanwhile.
     async fn back_off(&self, delay: Duration) -> bool {
         self.update(|s| s.phase = Phase::Backoff);
-        self.unless_stopped(tokio::time::sleep(delay)).await.is_some()
+        self.unless_stopped(tokio::time::sleep(delay))
+            .await
+            .is_some()
     }
 
     async fn run_until_done(&self) -> Result<(), DaemonError> {
@@ -769,7 +933,10 @@ impl FakeDaemon {
             Source::Unresolved { gateway_url, ca } => {
                 let mut backoff = Backoff::default();
                 loop {
-                    match self.unless_stopped(GatewayContext::resolve(gateway_url, ca)).await {
+                    match self
+                        .unless_stopped(GatewayContext::resolve(gateway_url, ca))
+                        .await
+                    {
                         None => return Ok(()),
                         Some(Ok(context)) => break Arc::new(context),
                         Some(Err(err)) if err.is_permanent() => return Err(err),
@@ -815,7 +982,9 @@ impl FakeDaemon {
                 }
             };
             let started = Instant::now();
-            let end = self.session(&context, &mut trust, &mut current, &hashes, &inventory).await;
+            let end = self
+                .session(&context, &mut trust, &mut current, &hashes, &inventory)
+                .await;
             self.set_connected(false);
             let healthy = started.elapsed() >= HEALTHY_SESSION;
             let delay = match end {
@@ -866,7 +1035,11 @@ impl FakeDaemon {
     }
 
     /// `POST /v1/join` with a fresh key; None if stopped.
-    async fn join(&self, context: &GatewayContext, trust: &mut Arc<Trust>) -> Option<Result<Identity, DaemonError>> {
+    async fn join(
+        &self,
+        context: &GatewayContext,
+        trust: &mut Arc<Trust>,
+    ) -> Option<Result<Identity, DaemonError>> {
         self.update(|s| s.phase = Phase::Joining);
         let _permit = self.unless_stopped(context.handshake_permit()).await?;
         let result = self
@@ -878,7 +1051,12 @@ impl FakeDaemon {
                     hostname: self.hostname().to_owned(),
                     identifiers: self.shared.machine.identifiers.clone(),
                 };
-                let response = context.join_client.post(context.endpoint("/v1/join")?).json(&request).send().await?;
+                let response = context
+                    .join_client
+                    .post(context.endpoint("/v1/join")?)
+                    .json(&request)
+                    .send()
+                    .await?;
                 let issued = issued_identity("join", response).await?;
                 self.adopt_ca(context, trust, &issued)?;
                 Identity::new(issued, &key, trust, &self.shared.knobs)
@@ -902,10 +1080,19 @@ impl FakeDaemon {
     }
 
     /// `POST /v1/renew` with the current certificate and a fresh key.
-    async fn renew(&self, context: &GatewayContext, trust: &mut Arc<Trust>, identity: &Identity) -> Result<Identity, DaemonError> {
+    async fn renew(
+        &self,
+        context: &GatewayContext,
+        trust: &mut Arc<Trust>,
+        identity: &Identity,
+    ) -> Result<Identity, DaemonError> {
         let (key, csr_pem) = key_and_csr(self.hostname())?;
         let client = trust.http_client(Some((&identity.chain, &identity.key)))?;
-        let response = client.post(context.endpoint("/v1/renew")?).json(&RenewRequest { csr_pem }).send().await?;
+        let response = client
+            .post(context.endpoint("/v1/renew")?)
+            .json(&RenewRequest { csr_pem })
+            .send()
+            .await?;
         let issued = issued_identity("renewal", response).await?;
         if issued.node_id != identity.issued.node_id {
             return Err(DaemonError::BadAnswer {
@@ -919,7 +1106,12 @@ impl FakeDaemon {
 
     /// The CA in an answer that arrived over a verified connection replaces the one the
     /// daemon trusts if they differ (a rotation).
-    fn adopt_ca(&self, context: &GatewayContext, trust: &mut Arc<Trust>, issued: &IssuedIdentity) -> Result<(), DaemonError> {
+    fn adopt_ca(
+        &self,
+        context: &GatewayContext,
+        trust: &mut Arc<Trust>,
+        issued: &IssuedIdentity,
+    ) -> Result<(), DaemonError> {
         if issued.ca_certificate_pem.trim() == trust.pem.trim() {
             return Ok(());
         }
@@ -949,18 +1141,36 @@ impl FakeDaemon {
             inventory_hashes: hashes.clone(),
             observed_generation,
         };
-        let opened = self.unless_stopped(tokio::time::timeout(SESSION_OPEN_TIMEOUT, open_session(context, identity, &hello))).await;
+        let opened = self
+            .unless_stopped(tokio::time::timeout(
+                SESSION_OPEN_TIMEOUT,
+                open_session(context, identity, &hello),
+            ))
+            .await;
         drop(permit);
         let (mut ws, welcome) = match opened {
             None => return SessionEnd::Stopped,
-            Some(Err(_elapsed)) => return SessionEnd::Failed(DaemonError::Timeout("opening the session")),
+            Some(Err(_elapsed)) => {
+                return SessionEnd::Failed(DaemonError::Timeout("opening the session"));
+            }
             Some(Ok(Err(Opening::Revoked(reason)))) => return SessionEnd::Revoked(reason),
-            Some(Ok(Err(Opening::Closed { reason, reconnect }))) => return SessionEnd::Closed { reason, reconnect },
+            Some(Ok(Err(Opening::Closed { reason, reconnect }))) => {
+                return SessionEnd::Closed { reason, reconnect };
+            }
             Some(Ok(Err(Opening::Failed(err)))) => return SessionEnd::Failed(err),
             Some(Ok(Ok(opened))) => opened,
         };
-        let Welcome { epoch, gateway_id, want_sections, heartbeat_interval_secs, generation } = welcome;
-        self.shared.counters.sessions.fetch_add(1, Ordering::Relaxed);
+        let Welcome {
+            epoch,
+            gateway_id,
+            want_sections,
+            heartbeat_interval_secs,
+            generation,
+        } = welcome;
+        self.shared
+            .counters
+            .sessions
+            .fetch_add(1, Ordering::Relaxed);
         self.update(|s| {
             s.phase = Phase::Connected;
             s.epoch = Some(epoch);
@@ -977,16 +1187,31 @@ impl FakeDaemon {
                 tracing::warn!(hostname = %self.hostname(), %section, "the gateway wants a section this daemon does not have");
                 continue;
             };
-            let message = DaemonMessage::Inventory { section: section.clone(), hash: protocol::section_hash(content), content: content.clone() };
+            let message = DaemonMessage::Inventory {
+                section: section.clone(),
+                hash: protocol::section_hash(content),
+                content: content.clone(),
+            };
             if let Err(err) = send(&mut ws, &message).await {
                 return SessionEnd::Failed(err);
             }
             self.update(|s| s.inventory_sections_sent += 1);
         }
 
+        // The simulated machine converges a new spec at once and says so.
+        if generation > observed_generation
+            && let Err(err) = send(&mut ws, &DaemonMessage::Converged { generation }).await
+        {
+            return SessionEnd::Failed(err);
+        }
+
         let knobs = &self.shared.knobs;
+        // Commands under way: when each finishes, and what it is.
+        let mut running: Vec<Running> = Vec::new();
         let mut heartbeats = (!knobs.skip_heartbeats).then(|| {
-            let base = knobs.heartbeat_interval_override.unwrap_or(Duration::from_secs(heartbeat_interval_secs.max(1)));
+            let base = knobs
+                .heartbeat_interval_override
+                .unwrap_or(Duration::from_secs(heartbeat_interval_secs.max(1)));
             let period = base + knobs.heartbeat_delay;
             let mut interval = tokio::time::interval_at(Instant::now() + period, period);
             interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -1040,6 +1265,21 @@ impl FakeDaemon {
                         }
                     }
                 }
+                () = sleep_until(running.iter().map(|r| r.done_at).min()) => {
+                    let now = Instant::now();
+                    let (done, still): (Vec<Running>, Vec<Running>) = running.into_iter().partition(|r| r.done_at <= now);
+                    running = still;
+                    for command in done {
+                        match self.finish_command(&mut ws, command, inventory).await {
+                            Ok(CommandEffect::None) => {}
+                            Ok(CommandEffect::Reboot) => {
+                                close(&mut ws, "rebooting").await;
+                                return SessionEnd::Flapped;
+                            }
+                            Err(err) => return SessionEnd::Failed(err),
+                        }
+                    }
+                }
                 frame = ws.next() => match frame {
                     Some(Ok(Message::Text(text))) => match serde_json::from_str::<GatewayMessage>(text.as_str()) {
                         Ok(GatewayMessage::Goodbye { reason, reconnect }) => {
@@ -1049,8 +1289,33 @@ impl FakeDaemon {
                         Ok(GatewayMessage::Welcome { .. }) => {
                             tracing::warn!(hostname = %self.hostname(), "a second welcome; ignored");
                         }
-                        Ok(message @ (GatewayMessage::Command { .. } | GatewayMessage::Cancel { .. } | GatewayMessage::Spec { .. })) => {
-                            tracing::warn!(hostname = %self.hostname(), ?message, "commands and specs are not handled by this daemon yet");
+                        Ok(GatewayMessage::Command { id, kind, params, .. }) => {
+                            if let Err(err) = send(&mut ws, &DaemonMessage::CommandStarted { id: id.clone() }).await {
+                                return SessionEnd::Failed(err);
+                            }
+                            self.update(|s| s.commands_received += 1);
+                            running.push(Running { done_at: Instant::now() + simulated_duration(kind), id, kind, params });
+                        }
+                        Ok(GatewayMessage::Cancel { id }) => {
+                            if let Some(position) = running.iter().position(|r| r.id == id) {
+                                running.remove(position);
+                                let cancelled = DaemonMessage::CommandResult {
+                                    id,
+                                    outcome: Outcome::Cancelled,
+                                    exit_code: None,
+                                    output: "cancelled by the control plane\n".to_owned(),
+                                    result: None,
+                                };
+                                if let Err(err) = send(&mut ws, &cancelled).await {
+                                    return SessionEnd::Failed(err);
+                                }
+                            }
+                        }
+                        Ok(GatewayMessage::Spec { spec }) => {
+                            self.update(|s| s.observed_generation = spec.generation);
+                            if let Err(err) = send(&mut ws, &DaemonMessage::Converged { generation: spec.generation }).await {
+                                return SessionEnd::Failed(err);
+                            }
                         }
                         Err(err) => {
                             // Newer gateways may send messages this daemon does not know yet.
@@ -1081,6 +1346,148 @@ impl FakeDaemon {
                 }
             }
         }
+    }
+}
+
+/// A command the simulated machine is running.
+struct Running {
+    done_at: Instant,
+    id: String,
+    kind: CommandKind,
+    params: Value,
+}
+
+/// What finishing a command does to the session.
+enum CommandEffect {
+    None,
+    /// The machine reboots: the session drops and the daemon comes back.
+    Reboot,
+}
+
+/// How long the simulated machine takes for each kind: short, so tests and `dev --sim` move
+/// quickly, with the diagnostic the slowest as on real hardware.
+fn simulated_duration(kind: CommandKind) -> Duration {
+    match kind {
+        CommandKind::DiagNvml => Duration::from_millis(300),
+        CommandKind::NodeReboot => Duration::from_millis(200),
+        _ => Duration::from_millis(50),
+    }
+}
+
+impl FakeDaemon {
+    /// Ends a command: the result the simulated machine produces, sent to the gateway.
+    async fn finish_command(
+        &self,
+        ws: &mut WebSocketStream<tokio_rustls::client::TlsStream<TcpStream>>,
+        command: Running,
+        inventory: &BTreeMap<String, Value>,
+    ) -> Result<CommandEffect, DaemonError> {
+        let mut effect = CommandEffect::None;
+        let (outcome, exit_code, output, result) = match command.kind {
+            CommandKind::DiagNvml => {
+                let diagnostics = inventory
+                    .get("gpus")
+                    .and_then(|g| g.get("diagnostics"))
+                    .cloned()
+                    .unwrap_or(Value::Null);
+                let failures = diagnostics
+                    .get("failures")
+                    .cloned()
+                    .unwrap_or_else(|| serde_json::json!([]));
+                let passed = !self.shared.knobs.fail_diagnostics;
+                let level = command
+                    .params
+                    .get("level")
+                    .cloned()
+                    .unwrap_or(Value::from(1));
+                let output = if passed {
+                    format!("dcgmi diag -r {level}: all tests passed\n")
+                } else {
+                    format!("dcgmi diag -r {level}: FAIL\n{failures}\n")
+                };
+                let outcome = if passed {
+                    Outcome::Succeeded
+                } else {
+                    Outcome::Failed
+                };
+                (
+                    outcome,
+                    Some(i32::from(!passed)),
+                    output,
+                    serde_json::json!({ "passed": passed, "level": level, "failures": failures }),
+                )
+            }
+            CommandKind::InventoryRefresh => {
+                let wanted: Vec<String> =
+                    match command.params.get("sections").and_then(Value::as_array) {
+                        Some(list) => list
+                            .iter()
+                            .filter_map(|s| s.as_str().map(str::to_owned))
+                            .collect(),
+                        None => inventory.keys().cloned().collect(),
+                    };
+                for section in &wanted {
+                    if let Some(content) = inventory.get(section) {
+                        let message = DaemonMessage::Inventory {
+                            section: section.clone(),
+                            hash: protocol::section_hash(content),
+                            content: content.clone(),
+                        };
+                        send(ws, &message).await?;
+                    }
+                }
+                (
+                    Outcome::Succeeded,
+                    Some(0),
+                    format!("reported {} sections\n", wanted.len()),
+                    serde_json::json!({ "sections": wanted }),
+                )
+            }
+            CommandKind::LogsCollect => {
+                let output = format!(
+                    "{}: journal, dmesg and nvidia-bug-report collected\nkernel: NVRM: loading NVIDIA UNIX x86_64 Kernel Module\n",
+                    self.hostname()
+                );
+                (
+                    Outcome::Succeeded,
+                    Some(0),
+                    output,
+                    serde_json::json!({ "archive": format!("logs-{}.tar.zst", self.hostname()) }),
+                )
+            }
+            CommandKind::GpuReset => {
+                let gpu = command
+                    .params
+                    .get("gpu")
+                    .cloned()
+                    .unwrap_or_else(|| Value::from("all"));
+                (
+                    Outcome::Succeeded,
+                    Some(0),
+                    format!("nvidia-smi -r: GPU {gpu} reset\n"),
+                    serde_json::json!({ "reset": gpu }),
+                )
+            }
+            CommandKind::NodeReboot => {
+                effect = CommandEffect::Reboot;
+                (
+                    Outcome::Succeeded,
+                    Some(0),
+                    "rebooting\n".to_owned(),
+                    serde_json::json!({ "rebooting": true }),
+                )
+            }
+        };
+        let message = DaemonMessage::CommandResult {
+            id: command.id,
+            outcome,
+            exit_code,
+            output,
+            result: Some(result),
+        };
+        send(ws, &message).await?;
+        self.update(|s| s.commands_finished += 1);
+        Ok(effect)
     }
 }
 
@@ -1121,97 +1528,169 @@ impl From<tungstenite::Error> for Opening {
 type Session = WebSocketStream<tokio_rustls::client::TlsStream<TcpStream>>;
 
 /// TCP, TLS with the node certificate, the WebSocket upgrade (`bcd.v1`), `hello`, `welcome`.
-async fn open_session(context: &GatewayContext, identity: &Identity, hello: &DaemonMessage) -> Result<(Session, Welcome), Opening> {
+async fn open_session(
+    context: &GatewayContext,
+    identity: &Identity,
+    hello: &DaemonMessage,
+) -> Result<(Session, Welcome), Opening> {
     let tcp = TcpStream::connect((context.host.as_str(), context.port)).await?;
     tcp.set_nodelay(true)?;
-    let tls = tokio_rustls::TlsConnector::from(identity.session_tls.clone()).connect(context.server_name.clone(), tcp).await?;
+    let tls = tokio_rustls::TlsConnector::from(identity.session_tls.clone())
+        .connect(context.server_name.clone(), tcp)
+        .await?;
     let mut request = format!("wss://{}/v1/session", context.authority).into_client_request()?;
-    request.headers_mut().insert(http::header::SEC_WEBSOCKET_PROTOCOL, http::HeaderValue::from_static(protocol::PROTOCOL));
+    request.headers_mut().insert(
+        http::header::SEC_WEBSOCKET_PROTOCOL,
+        http::HeaderValue::from_static(protocol::PROTOCOL),
+    );
     let config = WebSocketConfig::default()
         .read_buffer_size(WS_READ_BUFFER_BYTES)
         .write_buffer_size(WS_WRITE_BUFFER_BYTES)
         .max_message_size(Some(protocol::MAX_FRAME_BYTES))
         .max_frame_size(Some(protocol::MAX_FRAME_BYTES));
-    let (mut ws, _response) = match tokio_tungstenite::client_async_with_config(request, tls, Some(config)).await {
-        Ok(upgraded) => upgraded,
-        Err(tungstenite::Error::Http(response)) => {
-            let status = response.status().as_u16();
-            let body = response.body().as_deref().unwrap_or_default();
-            let (code, message) = match serde_json::from_slice::<ErrorBody>(body) {
-                Ok(error) => (error.code, error.message),
-                Err(_) => (String::new(), String::from_utf8_lossy(body).into_owned()),
-            };
-            if status == 403 {
-                return Err(Opening::Revoked(if message.is_empty() { "403 on /v1/session".to_owned() } else { message }));
+    let (mut ws, _response) =
+        match tokio_tungstenite::client_async_with_config(request, tls, Some(config)).await {
+            Ok(upgraded) => upgraded,
+            Err(tungstenite::Error::Http(response)) => {
+                let status = response.status().as_u16();
+                let body = response.body().as_deref().unwrap_or_default();
+                let (code, message) = match serde_json::from_slice::<ErrorBody>(body) {
+                    Ok(error) => (error.code, error.message),
+                    Err(_) => (String::new(), String::from_utf8_lossy(body).into_owned()),
+                };
+                if status == 403 {
+                    return Err(Opening::Revoked(if message.is_empty() {
+                        "403 on /v1/session".to_owned()
+                    } else {
+                        message
+                    }));
+                }
+                return Err(Opening::Failed(DaemonError::Refused {
+                    operation: "session",
+                    status,
+                    code,
+                    message,
+                }));
             }
-            return Err(Opening::Failed(DaemonError::Refused { operation: "session", status, code, message }));
-        }
-        Err(err) => return Err(err.into()),
-    };
+            Err(err) => return Err(err.into()),
+        };
     send(&mut ws, hello).await?;
     loop {
         match ws.next().await {
             Some(Ok(Message::Text(text))) => {
                 return match serde_json::from_str::<GatewayMessage>(text.as_str()) {
-                    Ok(GatewayMessage::Welcome { epoch, gateway_id, want_sections, heartbeat_interval_secs, spec }) => {
-                        Ok((ws, Welcome { epoch, gateway_id, want_sections, heartbeat_interval_secs, generation: spec.generation }))
-                    }
+                    Ok(GatewayMessage::Welcome {
+                        epoch,
+                        gateway_id,
+                        want_sections,
+                        heartbeat_interval_secs,
+                        spec,
+                    }) => Ok((
+                        ws,
+                        Welcome {
+                            epoch,
+                            gateway_id,
+                            want_sections,
+                            heartbeat_interval_secs,
+                            generation: spec.generation,
+                        },
+                    )),
                     Ok(GatewayMessage::Goodbye { reason, reconnect }) => {
                         drain(&mut ws).await;
                         Err(Opening::Closed { reason, reconnect })
                     }
-                    Ok(_) => Err(Opening::Failed(DaemonError::Protocol(format!("expected welcome, got {}", truncate(text.as_str()))))),
-                    Err(err) => Err(Opening::Failed(DaemonError::Protocol(format!("expected welcome, got {} ({err})", truncate(text.as_str()))))),
+                    Ok(_) => Err(Opening::Failed(DaemonError::Protocol(format!(
+                        "expected welcome, got {}",
+                        truncate(text.as_str())
+                    )))),
+                    Err(err) => Err(Opening::Failed(DaemonError::Protocol(format!(
+                        "expected welcome, got {} ({err})",
+                        truncate(text.as_str())
+                    )))),
                 };
             }
             Some(Ok(Message::Close(frame))) => {
                 drain(&mut ws).await;
-                let (code, reason) = frame.map_or((None, String::new()), |f| (Some(u16::from(f.code)), f.reason.to_string()));
+                let (code, reason) = frame.map_or((None, String::new()), |f| {
+                    (Some(u16::from(f.code)), f.reason.to_string())
+                });
                 return Err(match ended_by_gateway(None, code, reason.clone()) {
                     SessionEnd::Revoked(reason) => Opening::Revoked(reason),
-                    SessionEnd::Closed { reason, reconnect } => Opening::Closed { reason, reconnect },
+                    SessionEnd::Closed { reason, reconnect } => {
+                        Opening::Closed { reason, reconnect }
+                    }
                     SessionEnd::Failed(err) => Opening::Failed(err),
-                    SessionEnd::Stopped | SessionEnd::Flapped => Opening::Closed { reason, reconnect: true },
+                    SessionEnd::Stopped | SessionEnd::Flapped => Opening::Closed {
+                        reason,
+                        reconnect: true,
+                    },
                 });
             }
-            Some(Ok(Message::Binary(_))) => return Err(Opening::Failed(DaemonError::Protocol("a binary frame before welcome".to_owned()))),
+            Some(Ok(Message::Binary(_))) => {
+                return Err(Opening::Failed(DaemonError::Protocol(
+                    "a binary frame before welcome".to_owned(),
+                )));
+            }
             Some(Ok(_)) => {}
             Some(Err(err)) => return Err(err.into()),
-            None => return Err(Opening::Failed(DaemonError::Protocol("the connection closed before welcome".to_owned()))),
+            None => {
+                return Err(Opening::Failed(DaemonError::Protocol(
+                    "the connection closed before welcome".to_owned(),
+                )));
+            }
         }
     }
 }
 
 /// How a session the gateway closed ended: a revoked identity, or a close to come back from
 /// (unless a goodbye said not to).
-fn ended_by_gateway(goodbye: Option<(String, bool)>, code: Option<u16>, close_reason: String) -> SessionEnd {
+fn ended_by_gateway(
+    goodbye: Option<(String, bool)>,
+    code: Option<u16>,
+    close_reason: String,
+) -> SessionEnd {
     let reconnect = goodbye.as_ref().is_none_or(|(_, reconnect)| *reconnect);
     let reason = match goodbye {
         Some((reason, _)) => reason,
-        None if close_reason.is_empty() => code.map_or_else(|| "closed".to_owned(), |code| format!("closed ({code})")),
+        None if close_reason.is_empty() => {
+            code.map_or_else(|| "closed".to_owned(), |code| format!("closed ({code})"))
+        }
         None => match code {
             Some(code) => format!("{close_reason} ({code})"),
             None => close_reason.clone(),
         },
     };
-    if close_reason == protocol::close::IDENTITY_REVOKED || reason == protocol::close::IDENTITY_REVOKED {
+    if close_reason == protocol::close::IDENTITY_REVOKED
+        || reason == protocol::close::IDENTITY_REVOKED
+    {
         return SessionEnd::Revoked(reason);
     }
     SessionEnd::Closed { reason, reconnect }
 }
 
 /// An IssuedIdentity from a 200, or the gateway's refusal.
-async fn issued_identity(operation: &'static str, response: reqwest::Response) -> Result<IssuedIdentity, DaemonError> {
+async fn issued_identity(
+    operation: &'static str,
+    response: reqwest::Response,
+) -> Result<IssuedIdentity, DaemonError> {
     let status = response.status();
     let body = response.bytes().await?;
     if status.is_success() {
-        return serde_json::from_slice(&body).map_err(|e| DaemonError::BadAnswer { operation, message: e.to_string() });
+        return serde_json::from_slice(&body).map_err(|e| DaemonError::BadAnswer {
+            operation,
+            message: e.to_string(),
+        });
     }
     let (code, message) = match serde_json::from_slice::<ErrorBody>(&body) {
         Ok(error) => (error.code, error.message),
         Err(_) => (String::new(), String::from_utf8_lossy(&body).into_owned()),
     };
-    Err(DaemonError::Refused { operation, status: status.as_u16(), code, message })
+    Err(DaemonError::Refused {
+        operation,
+        status: status.as_u16(),
+        code,
+        message,
+    })
 }
 
 async fn send(ws: &mut Session, message: &DaemonMessage) -> Result<(), DaemonError> {
@@ -1222,7 +1701,10 @@ async fn send(ws: &mut Session, message: &DaemonMessage) -> Result<(), DaemonErr
 
 /// Sends a normal close and waits (briefly) for the gateway's.
 async fn close(ws: &mut Session, reason: &str) {
-    let frame = CloseFrame { code: CloseCode::Normal, reason: reason.to_owned().into() };
+    let frame = CloseFrame {
+        code: CloseCode::Normal,
+        reason: reason.to_owned().into(),
+    };
     if ws.close(Some(frame)).await.is_ok() {
         drain(ws).await;
     }
@@ -1276,16 +1758,25 @@ mod tests {
     fn the_csr_parses_and_its_signature_verifies() {
         let (key, pem) = key_and_csr("gpu-001").expect("a CSR");
         assert!(pem.starts_with("-----BEGIN CERTIFICATE REQUEST-----"));
-        let parsed = rcgen::CertificateSigningRequestParams::from_pem(&pem).expect("a valid, self-signed CSR");
+        let parsed = rcgen::CertificateSigningRequestParams::from_pem(&pem)
+            .expect("a valid, self-signed CSR");
         use rcgen::PublicKeyData;
         assert_eq!(parsed.public_key.der_bytes(), key.der_bytes());
         assert_eq!(
-            parsed.params.distinguished_name.get(&rcgen::DnType::CommonName),
+            parsed
+                .params
+                .distinguished_name
+                .get(&rcgen::DnType::CommonName),
             Some(&rcgen::DnValue::Utf8String("gpu-001".to_owned()))
         );
-        assert_eq!(key.algorithm(), &rcgen::PKCS_ECDSA_P256_SHA256, "ECDSA P-256");
+        assert_eq!(
+            key.algorithm(),
+            &rcgen::PKCS_ECDSA_P256_SHA256,
+            "ECDSA P-256"
+        );
         // A tampered CSR does not verify.
-        let der = rustls_pki_types::CertificateSigningRequestDer::from_pem_slice(pem.as_bytes()).expect("DER");
+        let der = rustls_pki_types::CertificateSigningRequestDer::from_pem_slice(pem.as_bytes())
+            .expect("DER");
         let mut bytes = der.as_ref().to_vec();
         let last = bytes.len() - 1;
         bytes[last] ^= 0x01;
@@ -1304,12 +1795,16 @@ mod tests {
         for attempt in 0..12 {
             let delay = backoff.next_delay();
             let top = backoff.nominal(attempt);
-            assert!(delay <= top && delay >= top.mul_f64(1.0 - RECONNECT_JITTER), "attempt {attempt}: {delay:?} vs {top:?}");
+            assert!(
+                delay <= top && delay >= top.mul_f64(1.0 - RECONNECT_JITTER),
+                "attempt {attempt}: {delay:?} vs {top:?}"
+            );
         }
         backoff.reset();
         assert!(backoff.next_delay() <= RECONNECT_BACKOFF_BASE);
         // Jitter spreads a fleet: a hundred first delays are not all equal.
-        let delays: std::collections::BTreeSet<Duration> = (0..100).map(|_| Backoff::default().next_delay()).collect();
+        let delays: std::collections::BTreeSet<Duration> =
+            (0..100).map(|_| Backoff::default().next_delay()).collect();
         assert!(delays.len() > 50);
     }
 
@@ -1321,23 +1816,50 @@ mod tests {
 
     #[test]
     fn permanent_errors_are_not_retried() {
-        let refused = |status| DaemonError::Refused { operation: "join", status, code: String::new(), message: String::new() };
+        let refused = |status| DaemonError::Refused {
+            operation: "join",
+            status,
+            code: String::new(),
+            message: String::new(),
+        };
         assert!(refused(401).is_permanent());
         assert!(refused(409).is_permanent());
         assert!(!refused(429).is_permanent());
         assert!(!refused(503).is_permanent());
         assert!(!DaemonError::Timeout("x").is_permanent());
-        assert!(DaemonError::CaFingerprintMismatch { expected: "a".into(), actual: "b".into() }.is_permanent());
+        assert!(
+            DaemonError::CaFingerprintMismatch {
+                expected: "a".into(),
+                actual: "b".into()
+            }
+            .is_permanent()
+        );
     }
 
     #[test]
     fn gateway_closes_are_classified() {
-        assert!(matches!(ended_by_gateway(None, Some(1008), protocol::close::IDENTITY_REVOKED.into()), SessionEnd::Revoked(_)));
         assert!(matches!(
-            ended_by_gateway(Some((protocol::close::SUPERSEDED.into(), true)), Some(1000), String::new()),
-            SessionEnd::Closed { reconnect: true, .. }
+            ended_by_gateway(None, Some(1008), protocol::close::IDENTITY_REVOKED.into()),
+            SessionEnd::Revoked(_)
         ));
-        assert!(matches!(ended_by_gateway(Some(("maintenance".into(), false)), None, String::new()), SessionEnd::Closed { reconnect: false, .. }));
+        assert!(matches!(
+            ended_by_gateway(
+                Some((protocol::close::SUPERSEDED.into(), true)),
+                Some(1000),
+                String::new()
+            ),
+            SessionEnd::Closed {
+                reconnect: true,
+                ..
+            }
+        ));
+        assert!(matches!(
+            ended_by_gateway(Some(("maintenance".into(), false)), None, String::new()),
+            SessionEnd::Closed {
+                reconnect: false,
+                ..
+            }
+        ));
         match ended_by_gateway(None, Some(1008), "unknown message type".into()) {
             SessionEnd::Closed { reason, reconnect } => {
                 assert!(reconnect);

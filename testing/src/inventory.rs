@@ -5,6 +5,11 @@
 //! The same seed always gives the same machine (the same system UUID, board serial, MACs,
 //! GPU UUIDs and PCI bus ids), so two daemons built from one seed are one machine joining
 //! twice, and a daemon's inventory hashes stay the same across its sessions.
+//!
+//! The identifiers a daemon sends with its join are exactly the identifying fields of its
+//! inventory (`system.systemUuid`, `boardSerial`, `chassisSerial` and each interface's MAC
+//! in `network`), because the control plane derives the hardware key from both and they
+//! must agree for a re-join to be recognised as the same machine.
 
 use crate::daemon::DaemonKnobs;
 use bc_core::protocol::{INVENTORY_SECTIONS, section_hash};
@@ -13,10 +18,25 @@ use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 
 /// The identifier names a daemon sends with its join, from which the control plane derives
-/// the hardware key.
+/// the hardware key (`bc_core::hardware`), as `bc_core::health::identifiers` reads them from
+/// the inventory.
 pub const SYSTEM_UUID: &str = "system-uuid";
 pub const BOARD_SERIAL: &str = "board-serial";
-pub const MAC: &str = "mac";
+pub const CHASSIS_SERIAL: &str = "chassis-serial";
+
+/// The identifier name of an interface's MAC address: `mac:<interface>`.
+pub fn mac_identifier(interface: &str) -> String {
+    format!("mac:{interface}")
+}
+
+/// The management interface, and the compute fabric's interfaces (one per GPU of an HGX
+/// board).
+const MANAGEMENT_INTERFACE: &str = "eno1";
+const COMPUTE_INTERFACES: usize = 8;
+
+fn compute_interface(i: usize) -> String {
+    format!("ibp{i}")
+}
 
 /// The PCI buses the eight GPUs of an HGX H100 board sit on.
 const HGX_GPU_BUSES: [u8; 8] = [0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb];
@@ -38,22 +58,49 @@ const KERNEL: &str = "5.15.0-105-generic";
 pub struct Machine {
     pub seed: u64,
     pub hostname: String,
-    /// `system-uuid`, `board-serial` and `mac`, unless the knobs replaced them.
+    /// `system-uuid`, `board-serial`, `chassis-serial` and `mac:<interface>` of every
+    /// interface, unless the knobs replaced them. The inventory reports exactly these: an
+    /// identifier left out of a replacement is absent (null) there too.
     pub identifiers: BTreeMap<String, String>,
 }
 
 impl Machine {
     /// The machine a seed stands for; `hostname` and `identifiers` replace the derived ones.
-    pub fn new(seed: u64, hostname: Option<String>, identifiers: Option<BTreeMap<String, String>>) -> Machine {
-        let hostname = hostname.unwrap_or_else(|| format!("gpu-{}", hex::encode(&derive(seed, "hostname")[..3])));
+    pub fn new(
+        seed: u64,
+        hostname: Option<String>,
+        identifiers: Option<BTreeMap<String, String>>,
+    ) -> Machine {
+        let hostname = hostname
+            .unwrap_or_else(|| format!("gpu-{}", hex::encode(&derive(seed, "hostname")[..3])));
         let identifiers = identifiers.unwrap_or_else(|| {
-            BTreeMap::from([
-                (SYSTEM_UUID.to_owned(), uuid_from(seed, "system-uuid").to_string()),
-                (BOARD_SERIAL.to_owned(), serial(seed, "board-serial", "BSN", 10)),
-                (MAC.to_owned(), mac(seed, "mac:mgmt")),
-            ])
+            let mut ids = BTreeMap::from([
+                (
+                    SYSTEM_UUID.to_owned(),
+                    uuid_from(seed, "system-uuid").to_string(),
+                ),
+                (
+                    BOARD_SERIAL.to_owned(),
+                    serial(seed, "board-serial", "BSN", 10),
+                ),
+                (
+                    CHASSIS_SERIAL.to_owned(),
+                    serial(seed, "chassis-serial", "C", 12),
+                ),
+            ]);
+            let interfaces = std::iter::once(MANAGEMENT_INTERFACE.to_owned())
+                .chain((0..COMPUTE_INTERFACES).map(compute_interface));
+            for interface in interfaces {
+                let mac = mac(seed, &mac_identifier(&interface));
+                ids.insert(mac_identifier(&interface), mac);
+            }
+            ids
         });
-        Machine { seed, hostname, identifiers }
+        Machine {
+            seed,
+            hostname,
+            identifiers,
+        }
     }
 
     /// The seven inventory sections, by name.
@@ -67,7 +114,11 @@ impl Machine {
             ("disks".to_owned(), self.disks()),
             ("drivers".to_owned(), drivers()),
         ]);
-        debug_assert!(INVENTORY_SECTIONS.iter().all(|name| sections.contains_key(*name)));
+        debug_assert!(
+            INVENTORY_SECTIONS
+                .iter()
+                .all(|name| sections.contains_key(*name))
+        );
         sections
     }
 
@@ -82,7 +133,7 @@ impl Machine {
             "product": "SYS-821GE-TNHR",
             "systemUuid": self.identifier(SYSTEM_UUID),
             "boardSerial": self.identifier(BOARD_SERIAL),
-            "chassisSerial": serial(self.seed, "chassis-serial", "C", 12),
+            "chassisSerial": self.identifier(CHASSIS_SERIAL),
             "biosVendor": "American Megatrends International, LLC.",
             "biosVersion": "2.1",
             "architecture": "x86_64",
@@ -152,16 +203,16 @@ impl Machine {
 
     fn network(&self) -> Value {
         let mut interfaces = vec![json!({
-            "name": "eno1",
-            "mac": self.identifier(MAC).map_or_else(|| mac(self.seed, "mac:mgmt"), str::to_owned),
+            "name": MANAGEMENT_INTERFACE,
+            "mac": self.identifier(&mac_identifier(MANAGEMENT_INTERFACE)),
             "type": "ethernet",
             "speedMbps": 25_000,
             "role": "management",
         })];
-        interfaces.extend((0..8).map(|i| {
+        interfaces.extend((0..COMPUTE_INTERFACES).map(compute_interface).map(|name| {
             json!({
-                "name": format!("ibp{i}"),
-                "mac": mac(self.seed, &format!("mac:ib{i}")),
+                "mac": self.identifier(&mac_identifier(&name)),
+                "name": name,
                 "type": "infiniband",
                 "speedMbps": 400_000,
                 "role": "compute",
@@ -219,7 +270,10 @@ fn drivers() -> Value {
 
 /// The hash of every section, as `hello.inventoryHashes` carries them.
 pub fn hashes(sections: &BTreeMap<String, Value>) -> BTreeMap<String, String> {
-    sections.iter().map(|(name, content)| (name.clone(), section_hash(content))).collect()
+    sections
+        .iter()
+        .map(|(name, content)| (name.clone(), section_hash(content)))
+        .collect()
 }
 
 /// 32 bytes that depend only on the seed and a label: the source of every derived value.
@@ -246,8 +300,14 @@ fn serial(seed: u64, label: &str, prefix: &str, digits: usize) -> String {
 
 fn mac(seed: u64, label: &str) -> String {
     let bytes = derive(seed, label);
-    let octets = [NIC_OUI[0], NIC_OUI[1], NIC_OUI[2], bytes[0], bytes[1], bytes[2]];
-    octets.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+    let octets = [
+        NIC_OUI[0], NIC_OUI[1], NIC_OUI[2], bytes[0], bytes[1], bytes[2],
+    ];
+    octets
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
 }
 
 #[cfg(test)]
@@ -267,7 +327,10 @@ mod tests {
         let ha = hashes(&a.inventory(&knobs));
         let hb = hashes(&other.inventory(&knobs));
         assert_ne!(ha["gpus"], hb["gpus"]);
-        assert_eq!(ha["cpu"], hb["cpu"], "sections without per-machine data hash equal");
+        assert_eq!(
+            ha["cpu"], hb["cpu"],
+            "sections without per-machine data hash equal"
+        );
     }
 
     #[test]
@@ -281,7 +344,9 @@ mod tests {
         assert_eq!(names, expected);
         // Hashing is over canonical JSON: recomputing, or reparsing, gives the same hash.
         for (name, content) in &sections {
-            let reparsed: Value = serde_json::from_str(&serde_json::to_string_pretty(content).expect("json")).expect("json");
+            let reparsed: Value =
+                serde_json::from_str(&serde_json::to_string_pretty(content).expect("json"))
+                    .expect("json");
             assert_eq!(section_hash(content), section_hash(&reparsed), "{name}");
         }
         assert_eq!(hashes(&sections), hashes(&machine.inventory(&knobs)));
@@ -303,7 +368,12 @@ mod tests {
             .collect();
         assert_eq!(uuids.len(), 8, "GPU uuids are distinct");
 
-        let sick = DaemonKnobs { gpu_count: 7, fail_diagnostics: true, xid_errors: vec![79, 79, 48], ..DaemonKnobs::default() };
+        let sick = DaemonKnobs {
+            gpu_count: 7,
+            fail_diagnostics: true,
+            xid_errors: vec![79, 79, 48],
+            ..DaemonKnobs::default()
+        };
         let inv = machine.inventory(&sick);
         assert_eq!(inv["gpus"]["count"], 7);
         assert_eq!(inv["gpus"]["diagnostics"]["result"], "fail");
@@ -312,18 +382,47 @@ mod tests {
         assert_eq!(inv["gpus"]["devices"][2]["xidErrors"][0]["xid"], 48);
         assert_eq!(inv["gpus"]["devices"][0]["xidErrors"][0]["critical"], true);
         // The GPUs that remain keep their identity.
-        assert_eq!(inv["gpus"]["devices"][3]["uuid"], healthy["gpus"]["devices"][3]["uuid"]);
+        assert_eq!(
+            inv["gpus"]["devices"][3]["uuid"],
+            healthy["gpus"]["devices"][3]["uuid"]
+        );
         assert_ne!(section_hash(&inv["gpus"]), section_hash(&healthy["gpus"]));
-        assert_eq!(section_hash(&inv["system"]), section_hash(&healthy["system"]));
+        assert_eq!(
+            section_hash(&inv["system"]),
+            section_hash(&healthy["system"])
+        );
+    }
+
+    #[test]
+    fn the_join_identifiers_are_the_ones_the_inventory_reports() {
+        let machine = Machine::new(5, None, None);
+        let inv = machine.inventory(&DaemonKnobs::default());
+        let from_inventory = bc_core::health::identifiers(inv.get("system"), inv.get("network"));
+        assert_eq!(from_inventory, machine.identifiers);
+        let key = bc_core::hardware::hardware_key(&machine.identifiers);
+        assert!(key.trusted, "{key:?}");
+        assert_eq!(
+            key.key,
+            bc_core::hardware::hardware_key(&from_inventory).key
+        );
+        assert_eq!(machine.identifiers.len(), 3 + 1 + COMPUTE_INTERFACES);
     }
 
     #[test]
     fn identifiers_can_be_set_to_simulate_the_same_machine() {
-        let ids = BTreeMap::from([(SYSTEM_UUID.to_owned(), "u-1".to_owned()), (BOARD_SERIAL.to_owned(), "b-1".to_owned())]);
+        let ids = BTreeMap::from([
+            (SYSTEM_UUID.to_owned(), "u-1".to_owned()),
+            (BOARD_SERIAL.to_owned(), "b-1".to_owned()),
+        ]);
         let machine = Machine::new(3, None, Some(ids.clone()));
         assert_eq!(machine.identifiers, ids);
         let inv = machine.inventory(&DaemonKnobs::default());
         assert_eq!(inv["system"]["systemUuid"], "u-1");
         assert_eq!(inv["system"]["boardSerial"], "b-1");
+        let from_inventory = bc_core::health::identifiers(inv.get("system"), inv.get("network"));
+        assert_eq!(
+            from_inventory, ids,
+            "the inventory reports exactly the replaced identifiers"
+        );
     }
 }

@@ -11,6 +11,8 @@ pub mod server;
 pub mod sim;
 pub mod subscription;
 
-pub use daemon::{CaTrust, DaemonError, DaemonKnobs, DaemonStatus, FakeDaemon, GatewayContext, Phase};
+pub use daemon::{
+    CaTrust, DaemonError, DaemonKnobs, DaemonStatus, FakeDaemon, GatewayContext, Phase,
+};
 pub use server::{Backend, Gql, TestServer, each_backend};
 pub use sim::{Fleet, KnobOverride, Progress, SimOptions, run_sim};

@@ -2,10 +2,10 @@
 
 use anyhow::Context;
 use bc_core::clock::ManualClock;
+use bc_core::ids::TenantId;
 use better_compute::app::{self, RunningServer};
 use better_compute::auth::Role;
 use better_compute::config::Config;
-use bc_core::ids::TenantId;
 use chrono::{Duration, Utc};
 use sea_orm::{ConnectionTrait, Database};
 use serde_json::{Value, json};
@@ -34,7 +34,8 @@ impl Backend {
     }
 
     pub fn postgres_admin_url() -> String {
-        std::env::var("BC_TEST_POSTGRES_URL").unwrap_or_else(|_| DEFAULT_POSTGRES_ADMIN_URL.to_owned())
+        std::env::var("BC_TEST_POSTGRES_URL")
+            .unwrap_or_else(|_| DEFAULT_POSTGRES_ADMIN_URL.to_owned())
     }
 }
 
@@ -59,25 +60,62 @@ impl TestDatabase {
             Backend::Postgres => {
                 let name = format!("bc_test_{}", uuid::Uuid::new_v4().simple());
                 let admin_url = Backend::postgres_admin_url();
-                let admin = Database::connect(&admin_url)
-                    .await
-                    .with_context(|| format!("connecting to PostgreSQL at {admin_url} (set BC_TEST_POSTGRES_URL)"))?;
-                admin.execute_unprepared(&format!("CREATE DATABASE {name}")).await?;
+                let admin = Database::connect(&admin_url).await.with_context(|| {
+                    format!("connecting to PostgreSQL at {admin_url} (set BC_TEST_POSTGRES_URL)")
+                })?;
+                admin
+                    .execute_unprepared(&format!("CREATE DATABASE {name}"))
+                    .await?;
                 admin.close().await?;
-                let base = admin_url.rsplit_once('/').map_or(admin_url.as_str(), |(base, _)| base);
-                Ok(TestDatabase { backend, url: format!("{base}/{name}"), postgres_name: Some(name), _dir: dir })
+                let base = admin_url
+                    .rsplit_once('/')
+                    .map_or(admin_url.as_str(), |(base, _)| base);
+                Ok(TestDatabase {
+                    backend,
+                    url: format!("{base}/{name}"),
+                    postgres_name: Some(name),
+                    _dir: dir,
+                })
             }
         }
     }
 
     /// Drops the PostgreSQL database (SQLite's file goes with its temporary directory).
-    pub async fn drop_database(self) -> anyhow::Result<()> {
-        if let Some(name) = &self.postgres_name {
-            let admin = Database::connect(&Backend::postgres_admin_url()).await?;
-            admin.execute_unprepared(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await?;
-            admin.close().await?;
+    pub async fn drop_database(mut self) -> anyhow::Result<()> {
+        if let Some(name) = self.postgres_name.take() {
+            drop_postgres_database(&name).await?;
         }
         Ok(())
+    }
+}
+
+async fn drop_postgres_database(name: &str) -> anyhow::Result<()> {
+    let admin = Database::connect(&Backend::postgres_admin_url()).await?;
+    admin
+        .execute_unprepared(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        .await?;
+    admin.close().await?;
+    Ok(())
+}
+
+/// A test that panics never reaches `drop_database`; its PostgreSQL database is dropped here
+/// instead, on a thread of its own (a destructor cannot await, and may run inside a runtime).
+impl Drop for TestDatabase {
+    fn drop(&mut self) {
+        let Some(name) = self.postgres_name.take() else {
+            return;
+        };
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(drop_postgres_database(&name))
+        })
+        .join();
+        if !matches!(dropped, Ok(Ok(()))) {
+            // Nothing else to do from a destructor; the database name says it is a test's.
+            eprintln!("could not drop a test database");
+        }
     }
 }
 
@@ -92,7 +130,11 @@ impl Gql {
     /// `data`, panicking with the whole response if there were errors.
     #[track_caller]
     pub fn data(&self) -> &Value {
-        assert!(self.body.get("errors").is_none_or(Value::is_null), "unexpected errors: {:#}", self.body);
+        assert!(
+            self.body.get("errors").is_none_or(Value::is_null),
+            "unexpected errors: {:#}",
+            self.body
+        );
         &self.body["data"]
     }
 
@@ -141,7 +183,11 @@ impl TestServer {
     }
 
     /// A server on `shared`'s database, listening on fresh loopback ports.
-    async fn start_on(backend: Backend, shared: Arc<SharedState>, clock: ManualClock) -> anyhow::Result<TestServer> {
+    async fn start_on(
+        backend: Backend,
+        shared: Arc<SharedState>,
+        clock: ManualClock,
+    ) -> anyhow::Result<TestServer> {
         let config = Config {
             listen: "127.0.0.1:0".parse()?,
             data_dir: shared.data_dir.path().to_path_buf(),
@@ -152,7 +198,10 @@ impl TestServer {
             },
             // Tests drive Liveness and drain deadlines with `tick()` and the ManualClock; a
             // background loop reading the same clock would race them.
-            liveness: better_compute::config::LivenessConfig { enabled: false, ..Default::default() },
+            liveness: better_compute::config::LivenessConfig {
+                enabled: false,
+                ..Default::default()
+            },
             auth: better_compute::config::AuthConfig {
                 jwt_secret: Some(TEST_SECRET.to_owned()),
                 ..Default::default()
@@ -160,8 +209,21 @@ impl TestServer {
             ..Config::default()
         };
         let server = app::start(&config, Arc::new(clock.clone())).await?;
-        let admin_token = server.keys.mint("test-admin", &[Role::Admin], None, Duration::hours(1), Utc::now())?;
-        Ok(TestServer { backend, clock, server, shared, client: reqwest::Client::new(), admin_token })
+        let admin_token = server.keys.mint(
+            "test-admin",
+            &[Role::Admin],
+            None,
+            Duration::hours(1),
+            Utc::now(),
+        )?;
+        Ok(TestServer {
+            backend,
+            clock,
+            server,
+            shared,
+            client: reqwest::Client::new(),
+            admin_token,
+        })
     }
 
     /// A second server ("replica") on this server's database: its own listeners (new ports),
@@ -176,7 +238,13 @@ impl TestServer {
     /// it again on the same database, data directory and clock. It listens on new ports:
     /// read [`TestServer::url`] again. Replicas on the same database keep running.
     pub async fn restart(self) -> anyhow::Result<TestServer> {
-        let TestServer { backend, clock, server, shared, .. } = self;
+        let TestServer {
+            backend,
+            clock,
+            server,
+            shared,
+            ..
+        } = self;
         server.shutdown().await?;
         TestServer::start_on(backend, shared, clock).await
     }
@@ -196,13 +264,28 @@ impl TestServer {
     }
 
     /// A token of any shape, signed with the server's secret.
-    pub fn mint(&self, subject: &str, role: Role, tenant: Option<&TenantId>, ttl: Duration) -> String {
-        self.server.keys.mint(subject, &[role], tenant, ttl, Utc::now()).expect("minting a test token")
+    pub fn mint(
+        &self,
+        subject: &str,
+        role: Role,
+        tenant: Option<&TenantId>,
+        ttl: Duration,
+    ) -> String {
+        self.server
+            .keys
+            .mint(subject, &[role], tenant, ttl, Utc::now())
+            .expect("minting a test token")
     }
 
     /// A token signed with the server's own secret but for another audience (`aud`): the
     /// server must refuse it although its signature is good.
-    pub fn mint_for_audience(&self, subject: &str, role: Role, audience: &str, ttl: Duration) -> String {
+    pub fn mint_for_audience(
+        &self,
+        subject: &str,
+        role: Role,
+        audience: &str,
+        ttl: Duration,
+    ) -> String {
         better_compute::auth::TokenKeys::new(TEST_SECRET.as_bytes(), audience)
             .and_then(|keys| keys.mint(subject, &[role], None, ttl, Utc::now()))
             .expect("minting a test token")
@@ -214,10 +297,13 @@ impl TestServer {
 
     /// POSTs one GraphQL operation with `token` (none: no Authorization header).
     pub async fn gql(&self, token: Option<&str>, query: &str, variables: Value) -> Gql {
-        let mut request = self.client.post(format!("{}/graphql", self.url())).json(&json!({
-            "query": query,
-            "variables": variables,
-        }));
+        let mut request = self
+            .client
+            .post(format!("{}/graphql", self.url()))
+            .json(&json!({
+                "query": query,
+                "variables": variables,
+            }));
         if let Some(token) = token {
             request = request.bearer_auth(token);
         }
@@ -229,13 +315,24 @@ impl TestServer {
 
     /// Runs an operation as the test admin and returns its `data`, panicking on errors.
     pub async fn admin(&self, query: &str, variables: Value) -> Value {
-        self.gql(Some(&self.admin_token), query, variables).await.data().clone()
+        self.gql(Some(&self.admin_token), query, variables)
+            .await
+            .data()
+            .clone()
     }
 
     /// GETs a plain path such as `/healthz`.
     pub async fn get(&self, path: &str) -> (u16, String) {
-        let response = self.client.get(format!("{}{path}", self.url())).send().await.expect("the test server answers");
-        (response.status().as_u16(), response.text().await.unwrap_or_default())
+        let response = self
+            .client
+            .get(format!("{}{path}", self.url()))
+            .send()
+            .await
+            .expect("the test server answers");
+        (
+            response.status().as_u16(),
+            response.text().await.unwrap_or_default(),
+        )
     }
 
     /// A platform site and a `metal-host` pool on it, through the API. Returns their ids.
@@ -274,23 +371,41 @@ impl TestServer {
     /// Writes a node straight into storage, in any state: the fixture for tests that need
     /// states the API cannot reach quickly (or at all before joining exists).
     pub async fn insert_node(&self, node: &bc_core::node::NodeRecord) {
-        let txn = self.server.services.store.write().await.expect("a write transaction");
-        better_compute::store::nodes::insert(&*txn, node).await.expect("inserting a node");
+        let txn = self
+            .server
+            .services
+            .store
+            .write()
+            .await
+            .expect("a write transaction");
+        better_compute::store::nodes::insert(&*txn, node)
+            .await
+            .expect("inserting a node");
         txn.commit().await.expect("committing");
     }
 
     /// [`TestServer::insert_node`] for many nodes, in one transaction.
     pub async fn insert_nodes(&self, nodes: &[bc_core::node::NodeRecord]) {
-        let txn = self.server.services.store.write().await.expect("a write transaction");
+        let txn = self
+            .server
+            .services
+            .store
+            .write()
+            .await
+            .expect("a write transaction");
         for node in nodes {
-            better_compute::store::nodes::insert(&*txn, node).await.expect("inserting a node");
+            better_compute::store::nodes::insert(&*txn, node)
+                .await
+                .expect("inserting a node");
         }
         txn.commit().await.expect("committing");
     }
 
     /// The gateway's base URL (`https://127.0.0.1:<port>`).
     pub fn gateway_url(&self) -> String {
-        self.server.gateway_url().expect("the test server runs a gateway")
+        self.server
+            .gateway_url()
+            .expect("the test server runs a gateway")
     }
 
     /// The control plane CA certificate (PEM) daemons trust.
@@ -315,7 +430,11 @@ impl TestServer {
     pub async fn stop(self) {
         self.server.shutdown().await.expect("a clean shutdown");
         if let Some(shared) = Arc::into_inner(self.shared) {
-            shared.database.drop_database().await.expect("dropping the test database");
+            shared
+                .database
+                .drop_database()
+                .await
+                .expect("dropping the test database");
         }
     }
 }
@@ -327,7 +446,9 @@ where
     F: AsyncFn(&TestServer),
 {
     for backend in Backend::selected() {
-        let server = TestServer::start(backend).await.unwrap_or_else(|err| panic!("starting a {backend:?} test server: {err:#}"));
+        let server = TestServer::start(backend)
+            .await
+            .unwrap_or_else(|err| panic!("starting a {backend:?} test server: {err:#}"));
         test(&server).await;
         server.stop().await;
     }

@@ -38,13 +38,24 @@ pub struct KnobOverride {
 
 impl std::fmt::Debug for KnobOverride {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KnobOverride").field("name", &self.name).field("share", &self.share).finish()
+        f.debug_struct("KnobOverride")
+            .field("name", &self.name)
+            .field("share", &self.share)
+            .finish()
     }
 }
 
 impl KnobOverride {
-    pub fn new(name: impl Into<String>, share: f64, apply: impl Fn(&mut DaemonKnobs) + Send + Sync + 'static) -> KnobOverride {
-        KnobOverride { name: name.into(), share: share.clamp(0.0, 1.0), apply: Arc::new(apply) }
+    pub fn new(
+        name: impl Into<String>,
+        share: f64,
+        apply: impl Fn(&mut DaemonKnobs) + Send + Sync + 'static,
+    ) -> KnobOverride {
+        KnobOverride {
+            name: name.into(),
+            share: share.clamp(0.0, 1.0),
+            apply: Arc::new(apply),
+        }
     }
 
     /// The GPU diagnostic fails.
@@ -54,22 +65,30 @@ impl KnobOverride {
 
     /// One GPU fewer than the others (7 of 8).
     pub fn missing_gpu(share: f64) -> KnobOverride {
-        KnobOverride::new("a missing GPU", share, |k| k.gpu_count = k.gpu_count.saturating_sub(1))
+        KnobOverride::new("a missing GPU", share, |k| {
+            k.gpu_count = k.gpu_count.saturating_sub(1)
+        })
     }
 
     /// The GPUs report these XID errors.
     pub fn xid_errors(share: f64, xids: Vec<u32>) -> KnobOverride {
-        KnobOverride::new(format!("XID {xids:?}"), share, move |k| k.xid_errors.clone_from(&xids))
+        KnobOverride::new(format!("XID {xids:?}"), share, move |k| {
+            k.xid_errors.clone_from(&xids)
+        })
     }
 
     /// The session drops and comes back every `every`.
     pub fn flapping(share: f64, every: Duration) -> KnobOverride {
-        KnobOverride::new(format!("flapping every {every:?}"), share, move |k| k.flapping = Some(every))
+        KnobOverride::new(format!("flapping every {every:?}"), share, move |k| {
+            k.flapping = Some(every)
+        })
     }
 
     /// Every heartbeat comes `delay` late.
     pub fn slow_heartbeats(share: f64, delay: Duration) -> KnobOverride {
-        KnobOverride::new(format!("heartbeats {delay:?} late"), share, move |k| k.heartbeat_delay = delay)
+        KnobOverride::new(format!("heartbeats {delay:?} late"), share, move |k| {
+            k.heartbeat_delay = delay
+        })
     }
 
     /// No heartbeats at all.
@@ -155,7 +174,12 @@ impl SimOptions {
     }
 
     fn prefix(&self, seed: u64) -> String {
-        self.hostname_prefix.clone().unwrap_or_else(|| format!("sim-{}-", &hex::encode(inventory::derive(seed, "fleet"))[..4]))
+        self.hostname_prefix.clone().unwrap_or_else(|| {
+            format!(
+                "sim-{}-",
+                &hex::encode(inventory::derive(seed, "fleet"))[..4]
+            )
+        })
     }
 }
 
@@ -183,7 +207,13 @@ impl std::fmt::Display for Progress {
         write!(
             f,
             "{}/{} joined, {}/{} connected, {} failed, {} errors, {} heartbeats",
-            self.joined, self.nodes, self.connected, self.nodes, self.failed, self.errors, self.heartbeats_sent
+            self.joined,
+            self.nodes,
+            self.connected,
+            self.nodes,
+            self.failed,
+            self.errors,
+            self.heartbeats_sent
         )
     }
 }
@@ -200,21 +230,49 @@ pub struct Fleet {
 impl Fleet {
     /// Resolves the CA once and starts `nodes` daemons. They join and connect in the
     /// background, at most `options.join_concurrency` handshakes at a time.
-    pub async fn start(gateway_url: &str, join_secret: &str, ca: CaTrust, nodes: usize, options: &SimOptions) -> Result<Fleet, DaemonError> {
-        let context = Arc::new(GatewayContext::resolve(gateway_url, &ca).await?.with_handshake_limit(options.join_concurrency));
+    pub async fn start(
+        gateway_url: &str,
+        join_secret: &str,
+        ca: CaTrust,
+        nodes: usize,
+        options: &SimOptions,
+    ) -> Result<Fleet, DaemonError> {
+        let context = Arc::new(
+            GatewayContext::resolve(gateway_url, &ca)
+                .await?
+                .with_handshake_limit(options.join_concurrency),
+        );
         Ok(Fleet::start_with(context, join_secret, nodes, options))
     }
 
     /// [`Fleet::start`] with a resolved context.
-    pub fn start_with(context: Arc<GatewayContext>, join_secret: &str, nodes: usize, options: &SimOptions) -> Fleet {
+    pub fn start_with(
+        context: Arc<GatewayContext>,
+        join_secret: &str,
+        nodes: usize,
+        options: &SimOptions,
+    ) -> Fleet {
         let seed = options.seed.unwrap_or_else(rand::random);
         let counters = Arc::new(FleetCounters::default());
         let daemons: Vec<FakeDaemon> = (0..nodes)
-            .map(|index| FakeDaemon::with_context(context.clone(), join_secret, options.knobs_for(seed, index, nodes), counters.clone()))
+            .map(|index| {
+                FakeDaemon::with_context(
+                    context.clone(),
+                    join_secret,
+                    options.knobs_for(seed, index, nodes),
+                    counters.clone(),
+                )
+            })
             .collect();
         let tasks = daemons.iter().map(FakeDaemon::start).collect();
         tracing::info!(nodes, seed, gateway = %context.gateway_url(), "fleet started");
-        Fleet { context, counters, daemons, tasks, seed }
+        Fleet {
+            context,
+            counters,
+            daemons,
+            tasks,
+            seed,
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -239,7 +297,10 @@ impl Fleet {
 
     /// Node ids of the daemons that joined.
     pub fn node_ids(&self) -> Vec<String> {
-        self.daemons.iter().filter_map(|d| d.with_status(|s| s.node_id.clone())).collect()
+        self.daemons
+            .iter()
+            .filter_map(|d| d.with_status(|s| s.node_id.clone()))
+            .collect()
     }
 
     pub fn progress(&self) -> Progress {
@@ -258,7 +319,11 @@ impl Fleet {
 
     /// Waits until `predicate` holds for the progress, at most `timeout`; the progress then,
     /// or the last one seen as the error.
-    pub async fn wait_for(&self, mut predicate: impl FnMut(&Progress) -> bool, timeout: Duration) -> Result<Progress, Progress> {
+    pub async fn wait_for(
+        &self,
+        mut predicate: impl FnMut(&Progress) -> bool,
+        timeout: Duration,
+    ) -> Result<Progress, Progress> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             let progress = self.progress();
@@ -274,7 +339,9 @@ impl Fleet {
 
     /// The last error of some failed daemon, to explain a fleet that cannot join.
     pub fn sample_error(&self) -> Option<String> {
-        self.daemons.iter().find_map(|d| d.with_status(|s| s.last_error.clone()))
+        self.daemons
+            .iter()
+            .find_map(|d| d.with_status(|s| s.last_error.clone()))
     }
 
     /// Asks every daemon to stop (they close their sessions).
@@ -290,7 +357,10 @@ impl Fleet {
         self.stop();
         let tasks = std::mem::take(&mut self.tasks);
         let aborts: Vec<_> = tasks.iter().map(JoinHandle::abort_handle).collect();
-        if tokio::time::timeout(SHUTDOWN_TIMEOUT, futures::future::join_all(tasks)).await.is_err() {
+        if tokio::time::timeout(SHUTDOWN_TIMEOUT, futures::future::join_all(tasks))
+            .await
+            .is_err()
+        {
             tracing::warn!("some daemons did not stop in time; aborting them");
             for abort in aborts {
                 abort.abort();
@@ -361,7 +431,9 @@ mod tests {
         for nodes in [1, 7, 20, 100, 1000, 10_000] {
             for share in [0.0, 0.01, 0.05, 0.1, 0.5, 1.0] {
                 let change = KnobOverride::failing_diagnostics(share);
-                let hits: Vec<usize> = (0..nodes).filter(|&i| change.applies_to(0, i, nodes)).collect();
+                let hits: Vec<usize> = (0..nodes)
+                    .filter(|&i| change.applies_to(0, i, nodes))
+                    .collect();
                 let expected = ((nodes as f64) * share + 0.5).floor() as usize;
                 assert_eq!(hits.len(), expected, "{share} of {nodes}");
             }
@@ -384,7 +456,13 @@ mod tests {
         assert_eq!(all.iter().filter(|k| k.fail_diagnostics).count(), 5);
         assert_eq!(all.iter().filter(|k| k.gpu_count == 7).count(), 5);
         assert_eq!(all.iter().filter(|k| k.xid_errors == [79]).count(), 3);
-        let named = SimOptions { hostname_prefix: Some("gpu-".into()), ..SimOptions::default() };
-        assert_eq!(named.knobs_for(1, 12, 20).hostname.as_deref(), Some("gpu-00012"));
+        let named = SimOptions {
+            hostname_prefix: Some("gpu-".into()),
+            ..SimOptions::default()
+        };
+        assert_eq!(
+            named.knobs_for(1, 12, 20).hostname.as_deref(),
+            Some("gpu-00012")
+        );
     }
 }

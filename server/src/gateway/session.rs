@@ -129,9 +129,7 @@ pub(super) async fn run(state: GatewayState, identity: NodeIdentity, socket: Web
             follow(
                 &state,
                 &identity,
-                epoch,
-                &opened.want_sections,
-                opened.spec_generation,
+                &opened,
                 &mut sink,
                 &mut stream,
                 &mut kick_rx,
@@ -162,36 +160,37 @@ pub(super) async fn run(state: GatewayState, identity: NodeIdentity, socket: Web
     }
 }
 
+/// What a session keeps track of while it runs.
+#[derive(Default)]
+struct Desk {
+    /// Commands sent to the daemon that have not ended yet.
+    in_flight: HashSet<CommandId>,
+    /// Commands the daemon was told to stop, whose late results are expected and ignored.
+    stopped: HashSet<CommandId>,
+    /// The `inventory.refresh` commands sent in this session.
+    refreshes: HashSet<CommandId>,
+    /// The spec generation the daemon was last sent (in `welcome`, then in `spec`).
+    spec_sent: i64,
+}
+
 /// Reads frames until the daemon leaves (`None`) or the session must end (`Some`).
 async fn follow(
     state: &GatewayState,
     identity: &NodeIdentity,
-    epoch: i64,
-    wanted: &[String],
-    spec_generation: i64,
+    opened: &crate::service::join::OpenedSession,
     sink: &mut futures::stream::SplitSink<WebSocket, Message>,
     stream: &mut futures::stream::SplitStream<WebSocket>,
     kicks: &mut mpsc::UnboundedReceiver<SessionSignal>,
 ) -> Option<Ending> {
     let mut shutdown = state.shutdown.clone();
     let mut last_seq: Option<u64> = None;
-    // Commands sent to the daemon that have not ended yet, and those it was told to stop
-    // (whose late results are expected, and ignored).
-    let mut in_flight: HashSet<CommandId> = HashSet::new();
-    let mut stopped: HashSet<CommandId> = HashSet::new();
-    // The spec generation the daemon was last sent (in `welcome`, then in `spec`).
-    let mut spec_sent = spec_generation;
-    if let Err(ending) = dispatch(
-        state,
-        &identity.node_id,
-        epoch,
-        sink,
-        &mut in_flight,
-        &mut stopped,
-        &mut spec_sent,
-    )
-    .await
-    {
+    let epoch = opened.epoch;
+    let wanted = &opened.want_sections;
+    let mut desk = Desk {
+        spec_sent: opened.spec_generation,
+        ..Desk::default()
+    };
+    if let Err(ending) = dispatch(state, &identity.node_id, epoch, sink, &mut desk).await {
         return Some(ending);
     }
     loop {
@@ -199,7 +198,7 @@ async fn follow(
             frame = stream.next() => frame,
             signal = kicks.recv() => match signal {
                 Some(SessionSignal::CommandsChanged) => {
-                    if let Err(ending) = dispatch(state, &identity.node_id, epoch, sink, &mut in_flight, &mut stopped, &mut spec_sent).await {
+                    if let Err(ending) = dispatch(state, &identity.node_id, epoch, sink, &mut desk).await {
                         return Some(ending);
                     }
                     continue;
@@ -270,10 +269,10 @@ async fn follow(
                 let Ok(id) = CommandId::parse(&id) else {
                     return Some(Ending::violation(format!("`{id}` is not a command id")));
                 };
-                if stopped.contains(&id) {
+                if desk.stopped.contains(&id) {
                     continue;
                 }
-                if !in_flight.contains(&id) {
+                if !desk.in_flight.contains(&id) {
                     return Some(Ending::violation(format!(
                         "command `{id}` was not sent in this session"
                     )));
@@ -293,7 +292,7 @@ async fn follow(
                 let Ok(id) = CommandId::parse(&id) else {
                     return Some(Ending::violation(format!("`{id}` is not a command id")));
                 };
-                if !in_flight.remove(&id) && !stopped.remove(&id) {
+                if !desk.in_flight.remove(&id) && !desk.stopped.remove(&id) {
                     return Some(Ending::violation(format!(
                         "command `{id}` was not sent in this session"
                     )));
@@ -306,16 +305,8 @@ async fn follow(
                     tracing::debug!(node_id = %identity.node_id, %id, code = err.code(), reason = %err.message(), "late command result ignored");
                 }
                 // The lane is free: send what waits behind it.
-                if let Err(ending) = dispatch(
-                    state,
-                    &identity.node_id,
-                    epoch,
-                    sink,
-                    &mut in_flight,
-                    &mut stopped,
-                    &mut spec_sent,
-                )
-                .await
+                if let Err(ending) =
+                    dispatch(state, &identity.node_id, epoch, sink, &mut desk).await
                 {
                     return Some(ending);
                 }
@@ -334,7 +325,11 @@ async fn follow(
                 hash,
                 content,
             } => {
-                if !wanted.contains(&section) {
+                // Sections asked for in `welcome`, or any section while an
+                // `inventory.refresh` runs (that is what it is for).
+                let refreshing = desk.in_flight.iter().any(|id| desk.refreshes.contains(id));
+                let known = INVENTORY_SECTIONS.contains(&section.as_str());
+                if !(wanted.contains(&section) || refreshing && known) {
                     return Some(Ending::violation(format!(
                         "inventory section `{section}` was not asked for"
                     )));
@@ -371,9 +366,7 @@ async fn dispatch(
     node_id: &bc_core::ids::NodeId,
     epoch: i64,
     sink: &mut futures::stream::SplitSink<WebSocket, Message>,
-    in_flight: &mut HashSet<CommandId>,
-    stopped: &mut HashSet<CommandId>,
-    spec_sent: &mut i64,
+    desk: &mut Desk,
 ) -> Result<(), Ending> {
     let internal = |err: crate::error::ApiError| {
         tracing::warn!(%node_id, code = err.code(), reason = %err.message(), "command dispatch failed");
@@ -384,7 +377,7 @@ async fn dispatch(
         }
     };
     let mut ended = Vec::new();
-    for id in in_flight.iter() {
+    for id in desk.in_flight.iter() {
         let command = state
             .services
             .command_for_gateway(id)
@@ -395,18 +388,18 @@ async fn dispatch(
         }
     }
     for id in ended {
-        in_flight.remove(&id);
+        desk.in_flight.remove(&id);
         send(sink, &GatewayMessage::Cancel { id: id.to_string() })
             .await
             .map_err(|()| gone())?;
-        stopped.insert(id);
+        desk.stopped.insert(id);
     }
     let generation = state
         .services
         .spec_generation(node_id)
         .await
         .map_err(internal)?;
-    if generation > *spec_sent {
+    if generation > desk.spec_sent {
         send(
             sink,
             &GatewayMessage::Spec {
@@ -415,7 +408,7 @@ async fn dispatch(
         )
         .await
         .map_err(|()| gone())?;
-        *spec_sent = generation;
+        desk.spec_sent = generation;
     }
     for command in state
         .services
@@ -430,7 +423,10 @@ async fn dispatch(
             timeout_secs: command.timeout.num_seconds(),
         };
         send(sink, &message).await.map_err(|()| gone())?;
-        in_flight.insert(command.id);
+        if command.kind == bc_core::command::CommandKind::InventoryRefresh {
+            desk.refreshes.insert(command.id.clone());
+        }
+        desk.in_flight.insert(command.id);
     }
     Ok(())
 }

@@ -418,7 +418,10 @@ impl Services {
         let gateway = Actor::Controller("gateway".into());
         let txn = self.store.write().await?;
         let now = self.clock.now();
-        if gateway::close_session(&*txn, node_id, epoch, now).await? {
+        // Still the node's latest session: its end disconnects the node, even when the row
+        // was already closed (a revoked identity closes it in the revoking transaction).
+        let closed = gateway::close_session(&*txn, node_id, epoch, now).await?;
+        if closed || gateway::current_epoch(&*txn, node_id).await? == Some(epoch) {
             let cause = format!("session:{epoch}");
             let result = self
                 .change_node_in(

@@ -194,6 +194,17 @@ pub async fn close_session(
     Ok(result.rows_affected == 1)
 }
 
+/// The epoch of the node's latest session (open or closed), if it ever had one.
+pub async fn current_epoch(
+    conn: &impl ConnectionTrait,
+    node_id: &NodeId,
+) -> anyhow::Result<Option<i64>> {
+    Ok(node_session::Entity::find_by_id(node_id.to_string())
+        .one(conn)
+        .await?
+        .map(|s| s.epoch))
+}
+
 /// Records heartbeats: `last_seen` of each (node, epoch) that is still the current, open
 /// session. Returns the entries that were not (their session was superseded or closed).
 pub async fn record_heartbeats(

@@ -12,7 +12,7 @@
 //! Everything talks to 127.0.0.1 only; every loop is bounded; the child is stopped on exit.
 //!
 //! ```text
-//! cargo build --release -p better-compute
+//! cargo build --release -p bc-cli
 //! cargo run --release -p bc-testing --bin fleet-bench -- --nodes 1000 --window 10
 //! ```
 
@@ -51,15 +51,20 @@ const DEFAULT_CLK_TCK: f64 = 100.0;
 
 /// The raw limits measured on this machine kind, quoted from
 /// `shared/notes/performance.md`, by the measure they bound.
-const RAW_JOINS: &str = "PG single-row UPDATE: 5k/s (1 conn) to 25k/s (32); SQLite: 7k durable writes/s";
-const RAW_HEARTBEATS: &str =
-    "PG UPDATE 5k/s (1 conn), 17k/s (8), 25k/s (32), 50-60k/s async commit; SQLite 7k/s durable, 130k/s NORMAL";
-const RAW_GRAPHQL: &str = "GraphQL over HTTP: ~45k req/s, 23 us server CPU per request (node(id) from memory)";
+const RAW_JOINS: &str =
+    "PG single-row UPDATE: 5k/s (1 conn) to 25k/s (32); SQLite: 7k durable writes/s";
+const RAW_HEARTBEATS: &str = "PG UPDATE 5k/s (1 conn), 17k/s (8), 25k/s (32), 50-60k/s async commit; SQLite 7k/s durable, 130k/s NORMAL";
+const RAW_GRAPHQL: &str =
+    "GraphQL over HTTP: ~45k req/s, 23 us server CPU per request (node(id) from memory)";
 const RAW_CPU: &str = "2 cores: 200 % is the whole machine (simulator included)";
-const RAW_MEMORY: &str = "WebSocket: ~7 KB per connection with a 4 KiB read buffer, 135 KB with the default";
+const RAW_MEMORY: &str =
+    "WebSocket: ~7 KB per connection with a 4 KiB read buffer, 135 KB with the default";
 
 #[derive(Debug, Parser)]
-#[command(name = "fleet-bench", about = "Measures the control plane under a simulated fleet (127.0.0.1 only)")]
+#[command(
+    name = "fleet-bench",
+    about = "Measures the control plane under a simulated fleet (127.0.0.1 only)"
+)]
 struct Args {
     /// Simulated nodes.
     #[arg(long, default_value_t = 10_000)]
@@ -76,6 +81,10 @@ struct Args {
     /// Joins and session handshakes in flight at once.
     #[arg(long, default_value_t = bc_testing::sim::DEFAULT_JOIN_CONCURRENCY)]
     join_concurrency: usize,
+    /// Seconds between the whole fleet being connected and the window (default: one
+    /// heartbeat interval, so every node is heartbeating and its inventory is written).
+    #[arg(long)]
+    warmup: Option<u64>,
     /// How long the whole fleet may take to join and connect, in seconds.
     #[arg(long, default_value_t = 900)]
     connect_timeout: u64,
@@ -101,7 +110,10 @@ struct Args {
 async fn main() -> ExitCode {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,fleet_bench=info"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
     let _ = rustls::crypto::ring::default_provider().install_default();
     let args = Args::parse();
     match run(args).await {
@@ -115,33 +127,59 @@ async fn main() -> ExitCode {
 
 async fn run(args: Args) -> anyhow::Result<()> {
     ensure!(args.nodes > 0, "--nodes must be at least 1");
-    ensure!(args.window > 0 && args.samples > 0, "--window and --samples must be at least 1");
+    ensure!(
+        args.window > 0 && args.samples > 0,
+        "--window and --samples must be at least 1"
+    );
     let server_bin = server_binary(args.server_bin.as_deref())?;
     let fd_limit = rlimit::increase_nofile_limit(u64::MAX).context("raising RLIMIT_NOFILE")?;
     if fd_limit < args.nodes as u64 + SPARE_FDS {
-        tracing::warn!(fd_limit, nodes = args.nodes, "the file descriptor limit is low for this many sessions");
+        tracing::warn!(
+            fd_limit,
+            nodes = args.nodes,
+            "the file descriptor limit is low for this many sessions"
+        );
     }
     let dir = tempfile::Builder::new().prefix("fleet-bench-").tempdir()?;
     let (database, backend_name) = if args.postgres {
         let database = TestDatabase::create(Backend::Postgres).await?;
         (Some(database), "PostgreSQL (fresh database)")
     } else {
-        (None, if args.database_url.is_some() { "the given database" } else { "SQLite (fresh file)" })
+        (
+            None,
+            if args.database_url.is_some() {
+                "the given database"
+            } else {
+                "SQLite (fresh file)"
+            },
+        )
     };
     let database_url = match (&database, &args.database_url) {
         (Some(database), _) => Some(database.url.clone()),
         (None, Some(url)) => {
-            ensure!(is_loopback_database(url), "--database-url must point at 127.0.0.1, localhost or a local socket");
+            ensure!(
+                is_loopback_database(url),
+                "--database-url must point at 127.0.0.1, localhost or a local socket"
+            );
             Some(url.clone())
         }
         (None, None) => None,
     };
 
-    let mut server = Server::start(&server_bin, dir.path(), database_url.as_deref(), &args.server_log).await?;
+    let mut server = Server::start(
+        &server_bin,
+        dir.path(),
+        database_url.as_deref(),
+        &args.server_log,
+    )
+    .await?;
     let outcome = bench(&args, &server, backend_name, fd_limit).await;
     let stopped = server.stop().await;
     if let Some(database) = database {
-        database.drop_database().await.context("dropping the benchmark database")?;
+        database
+            .drop_database()
+            .await
+            .context("dropping the benchmark database")?;
     }
     if args.keep {
         let kept = dir.keep();
@@ -154,8 +192,16 @@ async fn run(args: Args) -> anyhow::Result<()> {
     stopped
 }
 
-async fn bench(args: &Args, server: &Server, backend_name: &str, fd_limit: u64) -> anyhow::Result<()> {
-    let api = Api::new(server.api_url(), server.admin_token(&args.server_log).await?)?;
+async fn bench(
+    args: &Args,
+    server: &Server,
+    backend_name: &str,
+    fd_limit: u64,
+) -> anyhow::Result<()> {
+    let api = Api::new(
+        server.api_url(),
+        server.admin_token(&args.server_log).await?,
+    )?;
     let site = api
         .data(
             "mutation($name: String!) { createSite(input: {name: $name, kind: PLATFORM}) { id } }",
@@ -180,8 +226,12 @@ async fn bench(args: &Args, server: &Server, backend_name: &str, fd_limit: u64) 
             json!({ "site": site, "pool": pool, "uses": args.nodes, "ttl": JOIN_TOKEN_TTL.as_secs() }),
         )
         .await?;
-    let secret = token["createJoinToken"]["secret"].as_str().context("createJoinToken returned no secret")?;
-    let pin = token["createJoinToken"]["caCertificateSha256"].as_str().context("createJoinToken returned no CA fingerprint")?;
+    let secret = token["createJoinToken"]["secret"]
+        .as_str()
+        .context("createJoinToken returned no secret")?;
+    let pin = token["createJoinToken"]["caCertificateSha256"]
+        .as_str()
+        .context("createJoinToken returned no CA fingerprint")?;
 
     // The fleet comes up.
     let options = SimOptions {
@@ -194,10 +244,26 @@ async fn bench(args: &Args, server: &Server, backend_name: &str, fd_limit: u64) 
     };
     tracing::info!(nodes = args.nodes, gateway = %server.gateway_url(), "starting the fleet");
     let started = Instant::now();
-    let fleet = Fleet::start(&server.gateway_url(), secret, CaTrust::Sha256Pin(pin.to_owned()), args.nodes, &options).await?;
-    let (all_joined, all_connected) = wait_for_fleet(&fleet, server, Duration::from_secs(args.connect_timeout), started).await;
+    let fleet = Fleet::start(
+        &server.gateway_url(),
+        secret,
+        CaTrust::Sha256Pin(pin.to_owned()),
+        args.nodes,
+        &options,
+    )
+    .await?;
+    let (all_joined, all_connected) = wait_for_fleet(
+        &fleet,
+        server,
+        Duration::from_secs(args.connect_timeout),
+        started,
+    )
+    .await;
     let outcome = async {
         let (all_joined, all_connected) = (all_joined?, all_connected?);
+        let warmup = Duration::from_secs(args.warmup.unwrap_or(args.heartbeat_secs));
+        tracing::info!(?warmup, "warming up before the window");
+        tokio::time::sleep(warmup).await;
         let measured = measure(args, server, &api, &fleet).await?;
         let report = Report {
             nodes: args.nodes,
@@ -240,9 +306,15 @@ async fn wait_for_fleet(
             return (Ok(joined_at.unwrap_or(connected)), Ok(connected));
         }
         let stuck = if progress.failed > 0 {
-            Some(format!("{} daemons gave up, e.g. {}", progress.failed, fleet.sample_error().unwrap_or_default()))
+            Some(format!(
+                "{} daemons gave up, e.g. {}",
+                progress.failed,
+                fleet.sample_error().unwrap_or_default()
+            ))
         } else if Instant::now() >= deadline {
-            Some(format!("the fleet did not connect within {timeout:?}: {progress}"))
+            Some(format!(
+                "the fleet did not connect within {timeout:?}: {progress}"
+            ))
         } else if server.exited() {
             Some("the server exited".to_owned())
         } else {
@@ -279,7 +351,12 @@ struct Measured {
     progress: Progress,
 }
 
-async fn measure(args: &Args, server: &Server, api: &Api, fleet: &Fleet) -> anyhow::Result<Measured> {
+async fn measure(
+    args: &Args,
+    server: &Server,
+    api: &Api,
+    fleet: &Fleet,
+) -> anyhow::Result<Measured> {
     let node_ids = fleet.node_ids();
     ensure!(!node_ids.is_empty(), "no node joined");
     let window = Duration::from_secs(args.window);
@@ -303,7 +380,10 @@ async fn measure(args: &Args, server: &Server, api: &Api, fleet: &Fleet) -> anyh
         if start.elapsed() >= window {
             break;
         }
-        let id = node_ids.choose(&mut rand::rng()).context("a node id")?.clone();
+        let id = node_ids
+            .choose(&mut rand::rng())
+            .context("a node id")?
+            .clone();
         match cordon_pair(api, &id, &mut cordon, &mut uncordon).await {
             Ok(()) => {}
             Err(Sample::Conflict(message)) => {
@@ -327,13 +407,17 @@ async fn measure(args: &Args, server: &Server, api: &Api, fleet: &Fleet) -> anyh
     let sim_cpu_after = cpu_ticks("/proc/self/stat")?;
     let progress = fleet.progress();
     let (server_rss_kb, server_peak_rss_kb) = memory_kb(server.pid())?;
-    let per_second = |before: Option<f64>, after: Option<f64>| match (before, after) {
-        (Some(before), Some(after)) => Some((after - before) / elapsed.as_secs_f64()),
-        _ => None,
+    // A counter appears in /metrics once first incremented: absent before but present after
+    // is zero before; absent after means the server does not have it.
+    let per_second = |before: Option<f64>, after: Option<f64>| {
+        after.map(|after| (after - before.unwrap_or(0.0)) / elapsed.as_secs_f64())
     };
     Ok(Measured {
         elapsed,
-        heartbeats_handled: per_second(metrics_before.get("bc_heartbeats_total"), metrics_after.get("bc_heartbeats_total")),
+        heartbeats_handled: per_second(
+            metrics_before.get("bc_heartbeats_total"),
+            metrics_after.get("bc_heartbeats_total"),
+        ),
         heartbeats_received: per_second(
             metrics_before.get("bc_heartbeats_received_total"),
             metrics_after.get("bc_heartbeats_received_total"),
@@ -362,9 +446,22 @@ enum Sample {
 }
 
 /// Reads the node's version (not timed), then cordons and uncordons it (each timed).
-async fn cordon_pair(api: &Api, id: &str, cordon: &mut Latencies, uncordon: &mut Latencies) -> Result<(), Sample> {
-    let read = api.data("query($id: ID!) { node(id: $id) { version } }", json!({ "id": id })).await.map_err(Sample::Failed)?;
-    let version = read["node"]["version"].as_i64().ok_or_else(|| Sample::Failed(anyhow::anyhow!("node {id} has no version")))?;
+async fn cordon_pair(
+    api: &Api,
+    id: &str,
+    cordon: &mut Latencies,
+    uncordon: &mut Latencies,
+) -> Result<(), Sample> {
+    let read = api
+        .data(
+            "query($id: ID!) { node(id: $id) { version } }",
+            json!({ "id": id }),
+        )
+        .await
+        .map_err(Sample::Failed)?;
+    let version = read["node"]["version"]
+        .as_i64()
+        .ok_or_else(|| Sample::Failed(anyhow::anyhow!("node {id} has no version")))?;
     let timer = Instant::now();
     let cordoned = api
         .query(
@@ -390,10 +487,19 @@ async fn cordon_pair(api: &Api, id: &str, cordon: &mut Latencies, uncordon: &mut
 /// The new version in a mutation's answer, or why there is none.
 fn check(body: &Value, field: &str) -> Result<i64, Sample> {
     if let Some(error) = body["errors"].get(0) {
-        let message = format!("{field}: {}", error["message"].as_str().unwrap_or("an error"));
-        return Err(if error["extensions"]["code"] == "CONFLICT" { Sample::Conflict(message) } else { Sample::Failed(anyhow::anyhow!(message)) });
+        let message = format!(
+            "{field}: {}",
+            error["message"].as_str().unwrap_or("an error")
+        );
+        return Err(if error["extensions"]["code"] == "CONFLICT" {
+            Sample::Conflict(message)
+        } else {
+            Sample::Failed(anyhow::anyhow!(message))
+        });
     }
-    body["data"][field]["version"].as_i64().ok_or_else(|| Sample::Failed(anyhow::anyhow!("{field} returned no version")))
+    body["data"][field]["version"]
+        .as_i64()
+        .ok_or_else(|| Sample::Failed(anyhow::anyhow!("{field} returned no version")))
 }
 
 #[derive(Debug, Default)]
@@ -414,7 +520,12 @@ impl Latencies {
 
     fn describe(&self) -> String {
         match (self.quantile(0.5), self.quantile(0.99)) {
-            (Some(p50), Some(p99)) => format!("{} / {} ({} samples)", millis(p50), millis(p99), self.0.len()),
+            (Some(p50), Some(p99)) => format!(
+                "{} / {} ({} samples)",
+                millis(p50),
+                millis(p99),
+                self.0.len()
+            ),
             _ => "no samples".to_owned(),
         }
     }
@@ -439,21 +550,87 @@ impl Report {
     fn print(&self) -> std::io::Result<()> {
         let m = &self.measured;
         let expected = self.nodes as f64 / self.heartbeat_secs as f64;
-        let rate = |r: Option<f64>| r.map_or_else(|| "n/a (metric missing)".to_owned(), |r| format!("{r:.0}/s"));
+        let rate = |r: Option<f64>| {
+            r.map_or_else(
+                || "n/a (metric missing)".to_owned(),
+                |r| format!("{r:.0}/s"),
+            )
+        };
         let rss_per_session = m.server_rss_kb as f64 / self.nodes as f64;
         let rows: Vec<(String, String, &str)> = vec![
-            ("joins".into(), format!("{:.0} joins/s ({} in {:.1} s)", self.nodes as f64 / self.all_joined.as_secs_f64(), self.nodes, self.all_joined.as_secs_f64()), RAW_JOINS),
-            ("all connected after".into(), format!("{:.1} s", self.all_connected.as_secs_f64()), ""),
-            ("heartbeats handled (bc_heartbeats_total)".into(), format!("{} (expected {expected:.0}/s)", rate(m.heartbeats_handled)), RAW_HEARTBEATS),
-            ("heartbeats received / sent".into(), format!("{} / {:.0}/s", rate(m.heartbeats_received), m.heartbeats_sent), ""),
-            ("cordonNode p50 / p99".into(), m.cordon.describe(), RAW_GRAPHQL),
-            ("uncordonNode p50 / p99".into(), m.uncordon.describe(), RAW_GRAPHQL),
-            ("nodes(first: 100) p50 / p99".into(), m.nodes_query.describe(), RAW_GRAPHQL),
-            ("CONFLICTs on cordon (must be 0)".into(), m.conflicts.to_string(), ""),
-            ("server CPU".into(), format!("{:.1} % of one core", m.server_cpu), RAW_CPU),
-            ("simulator CPU".into(), format!("{:.1} % of one core", m.sim_cpu), ""),
-            ("server RSS (peak)".into(), format!("{:.1} MB ({:.1} MB), {rss_per_session:.1} KB per node", m.server_rss_kb as f64 / 1024.0, m.server_peak_rss_kb as f64 / 1024.0), RAW_MEMORY),
-            ("connected at the end".into(), format!("{} of {}", m.connected_at_end, self.nodes), ""),
+            (
+                "joins".into(),
+                format!(
+                    "{:.0} joins/s ({} in {:.1} s)",
+                    self.nodes as f64 / self.all_joined.as_secs_f64(),
+                    self.nodes,
+                    self.all_joined.as_secs_f64()
+                ),
+                RAW_JOINS,
+            ),
+            (
+                "all connected after".into(),
+                format!("{:.1} s", self.all_connected.as_secs_f64()),
+                "",
+            ),
+            (
+                "heartbeats handled (bc_heartbeats_total)".into(),
+                format!("{} (expected {expected:.0}/s)", rate(m.heartbeats_handled)),
+                RAW_HEARTBEATS,
+            ),
+            (
+                "heartbeats received / sent".into(),
+                format!(
+                    "{} / {:.0}/s",
+                    rate(m.heartbeats_received),
+                    m.heartbeats_sent
+                ),
+                "",
+            ),
+            (
+                "cordonNode p50 / p99".into(),
+                m.cordon.describe(),
+                RAW_GRAPHQL,
+            ),
+            (
+                "uncordonNode p50 / p99".into(),
+                m.uncordon.describe(),
+                RAW_GRAPHQL,
+            ),
+            (
+                "nodes(first: 100) p50 / p99".into(),
+                m.nodes_query.describe(),
+                RAW_GRAPHQL,
+            ),
+            (
+                "CONFLICTs on cordon (must be 0)".into(),
+                m.conflicts.to_string(),
+                "",
+            ),
+            (
+                "server CPU".into(),
+                format!("{:.1} % of one core", m.server_cpu),
+                RAW_CPU,
+            ),
+            (
+                "simulator CPU".into(),
+                format!("{:.1} % of one core", m.sim_cpu),
+                "",
+            ),
+            (
+                "server RSS (peak)".into(),
+                format!(
+                    "{:.1} MB ({:.1} MB), {rss_per_session:.1} KB per node",
+                    m.server_rss_kb as f64 / 1024.0,
+                    m.server_peak_rss_kb as f64 / 1024.0
+                ),
+                RAW_MEMORY,
+            ),
+            (
+                "connected at the end".into(),
+                format!("{} of {}", m.connected_at_end, self.nodes),
+                "",
+            ),
         ];
         let mut out = std::io::stdout().lock();
         writeln!(out)?;
@@ -470,7 +647,11 @@ impl Report {
         writeln!(out)?;
         let width = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
         let value_width = rows.iter().map(|r| r.1.len()).max().unwrap_or(0);
-        writeln!(out, "{:width$}  {:value_width$}  raw limit on this machine kind (shared/notes/performance.md)", "measure", "result")?;
+        writeln!(
+            out,
+            "{:width$}  {:value_width$}  raw limit on this machine kind (shared/notes/performance.md)",
+            "measure", "result"
+        )?;
         writeln!(out, "{}", "-".repeat(width + value_width + 64))?;
         for (name, value, limit) in &rows {
             writeln!(out, "{name:width$}  {value:value_width$}  {limit}")?;
@@ -478,7 +659,12 @@ impl Report {
         writeln!(out)?;
         writeln!(out, "fleet: {}", m.progress)?;
         if !m.failures.is_empty() {
-            writeln!(out, "{} sample(s) failed; the first: {}", m.failures.len(), m.failures[0])?;
+            writeln!(
+                out,
+                "{} sample(s) failed; the first: {}",
+                m.failures.len(),
+                m.failures[0]
+            )?;
         }
         Ok(())
     }
@@ -493,7 +679,13 @@ struct Api {
 
 impl Api {
     fn new(url: String, token: String) -> anyhow::Result<Api> {
-        Ok(Api { client: reqwest::Client::builder().timeout(REQUEST_TIMEOUT).build()?, url, token })
+        Ok(Api {
+            client: reqwest::Client::builder()
+                .timeout(REQUEST_TIMEOUT)
+                .build()?,
+            url,
+            token,
+        })
     }
 
     /// The whole response body.
@@ -519,7 +711,14 @@ impl Api {
 
     /// Every sample of `/metrics`, summed over labels, by metric name.
     async fn metrics(&self) -> anyhow::Result<Metrics> {
-        let text = self.client.get(format!("{}/metrics", self.url)).send().await?.error_for_status()?.text().await?;
+        let text = self
+            .client
+            .get(format!("{}/metrics", self.url))
+            .send()
+            .await?
+            .error_for_status()?
+            .text()
+            .await?;
         Ok(Metrics::parse(&text))
     }
 }
@@ -530,7 +729,9 @@ impl Metrics {
     fn parse(text: &str) -> Metrics {
         let mut sums = std::collections::BTreeMap::new();
         for line in text.lines().filter(|l| !l.starts_with('#')) {
-            let Some((series, value)) = line.rsplit_once(' ') else { continue };
+            let Some((series, value)) = line.rsplit_once(' ') else {
+                continue;
+            };
             let name = series.split('{').next().unwrap_or(series);
             if let Ok(value) = value.parse::<f64>() {
                 *sums.entry(name.to_owned()).or_insert(0.0) += value;
@@ -555,13 +756,27 @@ struct Server {
 }
 
 impl Server {
-    async fn start(bin: &Path, dir: &Path, database_url: Option<&str>, log_filter: &str) -> anyhow::Result<Server> {
+    async fn start(
+        bin: &Path,
+        dir: &Path,
+        database_url: Option<&str>,
+        log_filter: &str,
+    ) -> anyhow::Result<Server> {
         let (api_port, gateway_port) = free_ports()?;
         let mut env = vec![
             ("BC_LISTEN".to_owned(), format!("127.0.0.1:{api_port}")),
-            ("BC_GATEWAY__LISTEN".to_owned(), format!("127.0.0.1:{gateway_port}")),
-            ("BC_DATA_DIR".to_owned(), dir.join("data").display().to_string()),
-            ("BC_AUTH__JWT_SECRET".to_owned(), hex::encode(rand::random::<[u8; 32]>())),
+            (
+                "BC_GATEWAY__LISTEN".to_owned(),
+                format!("127.0.0.1:{gateway_port}"),
+            ),
+            (
+                "BC_DATA_DIR".to_owned(),
+                dir.join("data").display().to_string(),
+            ),
+            (
+                "BC_AUTH__JWT_SECRET".to_owned(),
+                hex::encode(rand::random::<[u8; 32]>()),
+            ),
             ("BC_LOG__FILTER".to_owned(), log_filter.to_owned()),
         ];
         if let Some(url) = database_url {
@@ -576,26 +791,47 @@ impl Server {
             .kill_on_drop(true)
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
-        let mut server = Server { child, bin: bin.to_owned(), env, api_port, gateway_port, log };
+        let mut server = Server {
+            child,
+            bin: bin.to_owned(),
+            env,
+            api_port,
+            gateway_port,
+            log,
+        };
         server.wait_ready().await?;
         tracing::info!(api = %server.api_url(), gateway = %server.gateway_url(), pid = server.pid(), "server ready");
         Ok(server)
     }
 
     async fn wait_ready(&mut self) -> anyhow::Result<()> {
-        let client = reqwest::Client::builder().timeout(POLL_INTERVAL * 10).build()?;
+        let client = reqwest::Client::builder()
+            .timeout(POLL_INTERVAL * 10)
+            .build()?;
         let deadline = Instant::now() + SERVER_READY_TIMEOUT;
         loop {
             if let Some(status) = self.child.try_wait()? {
-                bail!("the server exited with {status}; its log ends with:\n{}", self.log_tail());
+                bail!(
+                    "the server exited with {status}; its log ends with:\n{}",
+                    self.log_tail()
+                );
             }
-            let api_up = client.get(format!("{}/readyz", self.api_url())).send().await.is_ok_and(|r| r.status().is_success());
-            let gateway_up = tokio::net::TcpStream::connect(("127.0.0.1", self.gateway_port)).await.is_ok();
+            let api_up = client
+                .get(format!("{}/readyz", self.api_url()))
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success());
+            let gateway_up = tokio::net::TcpStream::connect(("127.0.0.1", self.gateway_port))
+                .await
+                .is_ok();
             if api_up && gateway_up {
                 return Ok(());
             }
             if Instant::now() >= deadline {
-                bail!("the server was not ready within {SERVER_READY_TIMEOUT:?}; its log ends with:\n{}", self.log_tail());
+                bail!(
+                    "the server was not ready within {SERVER_READY_TIMEOUT:?}; its log ends with:\n{}",
+                    self.log_tail()
+                );
             }
             tokio::time::sleep(POLL_INTERVAL).await;
         }
@@ -605,10 +841,22 @@ impl Server {
     async fn admin_token(&self, log_filter: &str) -> anyhow::Result<String> {
         let output = server_command(&self.bin, &self.env)
             .env("BC_LOG__FILTER", log_filter)
-            .args(["token", "--subject", "bench", "--role", "admin", "--hours", ADMIN_TOKEN_HOURS])
+            .args([
+                "token",
+                "--subject",
+                "bench",
+                "--role",
+                "admin",
+                "--hours",
+                ADMIN_TOKEN_HOURS,
+            ])
             .output()
             .await?;
-        ensure!(output.status.success(), "better-compute token failed: {}", String::from_utf8_lossy(&output.stderr));
+        ensure!(
+            output.status.success(),
+            "better-compute token failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
         let token = String::from_utf8(output.stdout)?.trim().to_owned();
         ensure!(!token.is_empty(), "better-compute token printed nothing");
         Ok(token)
@@ -640,7 +888,10 @@ impl Server {
     /// SIGTERM, then SIGKILL if it does not stop in time.
     async fn stop(&mut self) -> anyhow::Result<()> {
         if let Some(pid) = self.child.id() {
-            let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status().await;
+            let _ = Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status()
+                .await;
             match tokio::time::timeout(CHILD_STOP_TIMEOUT, self.child.wait()).await {
                 Ok(status) => {
                     let status = status?;
@@ -649,7 +900,9 @@ impl Server {
                     }
                 }
                 Err(_) => {
-                    tracing::warn!("the server did not stop within {CHILD_STOP_TIMEOUT:?}; killing it");
+                    tracing::warn!(
+                        "the server did not stop within {CHILD_STOP_TIMEOUT:?}; killing it"
+                    );
                     self.child.kill().await?;
                 }
             }
@@ -674,11 +927,14 @@ fn server_command(bin: &Path, env: &[(String, String)]) -> Command {
 fn server_binary(given: Option<&Path>) -> anyhow::Result<PathBuf> {
     let path = match given {
         Some(path) => path.to_owned(),
-        None => std::env::current_exe()?.parent().context("the benchmark's directory")?.join("better-compute"),
+        None => std::env::current_exe()?
+            .parent()
+            .context("the benchmark's directory")?
+            .join("better-compute"),
     };
     ensure!(
         path.is_file(),
-        "no server binary at {}: build it first (`cargo build --release -p better-compute`) or set BC_SERVER_BIN",
+        "no server binary at {}: build it first (`cargo build --release -p bc-cli`) or set BC_SERVER_BIN",
         path.display()
     );
     Ok(path)
@@ -696,9 +952,13 @@ fn is_loopback_database(url: &str) -> bool {
     if url.starts_with("sqlite:") {
         return true;
     }
-    let Some((_, rest)) = url.split_once("://") else { return false };
+    let Some((_, rest)) = url.split_once("://") else {
+        return false;
+    };
     let authority = rest.split(['/', '?']).next().unwrap_or_default();
-    let host_port = authority.rsplit_once('@').map_or(authority, |(_, host)| host);
+    let host_port = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host);
     let host = if let Some(v6) = host_port.strip_prefix('[') {
         v6.split(']').next().unwrap_or_default()
     } else {
@@ -709,12 +969,21 @@ fn is_loopback_database(url: &str) -> bool {
 
 /// utime + stime of a process, in clock ticks, from `/proc/<pid>/stat`.
 fn cpu_ticks(stat_path: &str) -> anyhow::Result<f64> {
-    let stat = std::fs::read_to_string(stat_path).with_context(|| format!("reading {stat_path}"))?;
+    let stat =
+        std::fs::read_to_string(stat_path).with_context(|| format!("reading {stat_path}"))?;
     // The command name (field 2) may hold spaces; the fields after its closing parenthesis
     // start with field 3 (state), so utime (14) and stime (15) are the 12th and 13th.
-    let after = stat.rsplit_once(')').map(|(_, rest)| rest).context("a /proc stat line")?;
+    let after = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .context("a /proc stat line")?;
     let fields: Vec<&str> = after.split_whitespace().collect();
-    let field = |i: usize| -> anyhow::Result<f64> { Ok(fields.get(i).context("a short /proc stat line")?.parse::<f64>()?) };
+    let field = |i: usize| -> anyhow::Result<f64> {
+        Ok(fields
+            .get(i)
+            .context("a short /proc stat line")?
+            .parse::<f64>()?)
+    };
     Ok(field(11)? + field(12)?)
 }
 
@@ -734,7 +1003,10 @@ fn memory_kb(pid: u32) -> anyhow::Result<(u64, u64)> {
 
 async fn clock_ticks_per_second() -> f64 {
     match Command::new("getconf").arg("CLK_TCK").output().await {
-        Ok(output) => String::from_utf8_lossy(&output.stdout).trim().parse().unwrap_or(DEFAULT_CLK_TCK),
+        Ok(output) => String::from_utf8_lossy(&output.stdout)
+            .trim()
+            .parse()
+            .unwrap_or(DEFAULT_CLK_TCK),
         Err(_) => DEFAULT_CLK_TCK,
     }
 }
@@ -745,7 +1017,9 @@ mod tests {
 
     #[test]
     fn only_loopback_databases_are_accepted() {
-        assert!(is_loopback_database("postgres://postgres@127.0.0.1:5432/bench"));
+        assert!(is_loopback_database(
+            "postgres://postgres@127.0.0.1:5432/bench"
+        ));
         assert!(is_loopback_database("postgres://u:p@localhost/bench"));
         assert!(is_loopback_database("postgres://[::1]:5432/x"));
         assert!(is_loopback_database("sqlite:///tmp/x.db?mode=rwc"));
@@ -770,6 +1044,9 @@ mod tests {
         let dir = tempfile::tempdir().expect("a temp dir");
         let path = dir.path().join("stat");
         std::fs::write(&path, "42 (a b) S 1 2 3 4 5 6 7 8 9 10 250 50 0 0").expect("write");
-        assert_eq!(cpu_ticks(&path.display().to_string()).expect("ticks"), 300.0);
+        assert_eq!(
+            cpu_ticks(&path.display().to_string()).expect("ticks"),
+            300.0
+        );
     }
 }

@@ -1,0 +1,1192 @@
+//! `subscription-bench`: live subscriptions under fan-out, measured.
+//!
+//! Starts the `better-compute` binary as a child process on a fresh database (a SQLite file
+//! in a temporary directory, or a fresh PostgreSQL database with `--postgres`), on loopback
+//! ports it picked, opens `--subscribers` `graphql-transport-ws` connections, each
+//! subscribed to `events` (cordons and uncordons), and then changes nodes in two phases of
+//! `--mutations` each: paced at `--rate` per second, then as a burst (as fast as the server
+//! answers, `--burst-concurrency` nodes at a time). For every event and
+//! every subscriber it records when the event arrived, and reports the time from the
+//! mutation's response (the commit is acknowledged) and from its request to each receipt
+//! (p50, p99, max), the deliveries per second, and the server's CPU (per delivery, too) and
+//! memory (per connection), next to the raw limits measured on this machine kind
+//! (`shared/notes/performance.md`).
+//!
+//! Everything talks to 127.0.0.1 only; every loop is bounded; the child is stopped on exit.
+//!
+//! ```text
+//! cargo build --release -p better-compute -p bc-testing
+//! target/release/subscription-bench --subscribers 1000
+//! target/release/subscription-bench --subscribers 10000
+//! ```
+
+use anyhow::{Context, bail, ensure};
+use bc_testing::server::{Backend, TestDatabase};
+use bc_testing::subscription::{ConnectOptions, SubscriptionClient};
+use better_compute::auth::{Role, TokenKeys};
+use clap::Parser;
+use futures::StreamExt;
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{ExitCode, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::process::{Child, Command};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// How long the server may take to migrate its database and listen.
+const SERVER_READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// How often readiness and delivery progress are polled.
+const POLL_INTERVAL: Duration = Duration::from_millis(10);
+/// How often progress is logged while waiting.
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+/// How long the server gets to stop after SIGTERM before it is killed.
+const CHILD_STOP_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long a GraphQL request of the benchmark may take before it counts as failed.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the tokens the benchmark mints live.
+const TOKEN_TTL_HOURS: i64 = 4;
+/// The audience tokens carry (the server's default).
+const AUDIENCE: &str = "better-compute";
+/// File descriptors the benchmark wants beyond one per subscriber.
+const SPARE_FDS: u64 = 512;
+/// Clock ticks per second when `getconf CLK_TCK` cannot say (Linux's value everywhere).
+const DEFAULT_CLK_TCK: f64 = 100.0;
+/// A receipt slot nobody filled.
+const NOT_RECEIVED: u32 = u32::MAX;
+
+/// The raw limits measured on this machine kind, quoted from
+/// `shared/notes/performance.md`, by the measure they bound.
+const RAW_DELIVERIES: &str = "async-graphql subscriptions (4 KiB read buffer): 408k deliveries/s with 1,000 subscribers, 301k/s with 10,000; raw WebSocket fan-out 2-4.5 M/s";
+const RAW_CPU_PER_DELIVERY: &str = "10-13 us of server CPU per delivered event (41-46 us with tungstenite's default 128 KiB read buffer)";
+const RAW_MEMORY: &str = "~7 KB per connection with a 4 KiB read buffer, ~135 KB with the default";
+const RAW_CPU: &str = "2 cores: 200 % is the whole machine (the benchmark's clients included)";
+const RAW_MUTATION: &str =
+    "PG single-row UPDATE 5k/s (1 conn); SQLite 7k durable writes/s; GraphQL over HTTP ~45k req/s";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "subscription-bench",
+    about = "Measures live subscription fan-out (127.0.0.1 only)"
+)]
+struct Args {
+    /// Open subscriptions (one connection each).
+    #[arg(long, default_value_t = 1_000)]
+    subscribers: usize,
+    /// Mutations per phase (the paced phase, then the back-to-back one).
+    #[arg(long, default_value_t = 200)]
+    mutations: usize,
+    /// Mutations per second in the paced phase.
+    #[arg(long, default_value_t = 20.0)]
+    rate: f64,
+    /// Nodes the mutations cordon and uncordon in turn.
+    #[arg(long, default_value_t = 20)]
+    nodes: usize,
+    /// Mutations in flight at once in the burst phase (on different nodes).
+    #[arg(long, default_value_t = 16)]
+    burst_concurrency: usize,
+    /// Connections being opened at once.
+    #[arg(long, default_value_t = 200)]
+    connect_concurrency: usize,
+    /// How long all subscribers may take to connect, in seconds.
+    #[arg(long, default_value_t = 600)]
+    connect_timeout: u64,
+    /// How long every subscriber may take to receive every event of a phase, in seconds.
+    #[arg(long, default_value_t = 600)]
+    delivery_timeout: u64,
+    /// Run on a fresh database on the PostgreSQL server of `BC_TEST_POSTGRES_URL` (default
+    /// postgres://postgres@127.0.0.1:5432/postgres), dropped afterwards.
+    #[arg(long)]
+    postgres: bool,
+    /// The `better-compute` binary. Default: next to this one.
+    #[arg(long, env = "BC_SERVER_BIN")]
+    server_bin: Option<PathBuf>,
+    /// The server's log filter (its log goes to server.log in the temporary directory).
+    #[arg(long, default_value = "warn")]
+    server_log: String,
+    /// Keep the temporary directory (database, server.log) and print where it is.
+    #[arg(long)]
+    keep: bool,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,subscription_bench=info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let args = Args::parse();
+    match run(args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            tracing::error!("subscription-bench failed: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    ensure!(
+        args.subscribers > 0 && args.mutations > 0 && args.nodes > 0,
+        "--subscribers, --mutations and --nodes must be at least 1"
+    );
+    ensure!(args.rate > 0.0, "--rate must be above 0");
+    ensure!(
+        args.connect_concurrency > 0 && args.burst_concurrency > 0,
+        "--connect-concurrency and --burst-concurrency must be at least 1"
+    );
+    let server_bin = server_binary(args.server_bin.as_deref())?;
+    // Raised before the server starts, so the child inherits it too.
+    let fd_limit = rlimit::increase_nofile_limit(u64::MAX).context("raising RLIMIT_NOFILE")?;
+    ensure!(
+        fd_limit >= args.subscribers as u64 + SPARE_FDS,
+        "the file descriptor limit is {fd_limit} (the hard limit): {} subscribers need at least {}; raise it (ulimit -Hn, limits.conf)",
+        args.subscribers,
+        args.subscribers as u64 + SPARE_FDS
+    );
+    let dir = tempfile::Builder::new()
+        .prefix("subscription-bench-")
+        .tempdir()?;
+    let database = if args.postgres {
+        Some(TestDatabase::create(Backend::Postgres).await?)
+    } else {
+        None
+    };
+    let backend_name = if args.postgres {
+        "PostgreSQL (fresh database)"
+    } else {
+        "SQLite (fresh file)"
+    };
+    let secret = hex::encode(rand::random::<[u8; 32]>());
+
+    let mut server = Server::start(
+        &server_bin,
+        dir.path(),
+        database.as_ref().map(|d| d.url.as_str()),
+        &args.server_log,
+        &secret,
+    )
+    .await?;
+    let outcome = bench(&args, &server, &secret, backend_name, fd_limit).await;
+    let stopped = server.stop().await;
+    if let Some(database) = database {
+        database
+            .drop_database()
+            .await
+            .context("dropping the benchmark database")?;
+    }
+    if args.keep {
+        let kept = dir.keep();
+        tracing::info!(dir = %kept.display(), "kept the temporary directory");
+    }
+    if outcome.is_err() {
+        tracing::error!("the server's log ends with:\n{}", server.log_tail());
+    }
+    outcome?;
+    stopped
+}
+
+/// One planned mutation: which node, cordon or uncordon, and the version it leaves.
+#[derive(Debug, Clone)]
+struct Planned {
+    node: usize,
+    cordon: bool,
+    from_version: i64,
+    to_version: i64,
+}
+
+/// When each mutation was sent and answered, in microseconds since the epoch.
+#[derive(Debug, Clone, Copy, Default)]
+struct Sent {
+    request_us: u32,
+    response_us: u32,
+}
+
+/// What one subscriber saw.
+struct Seen {
+    /// Microseconds since the epoch each mutation's event arrived, by mutation index.
+    receipts: Vec<u32>,
+    resumes: usize,
+    error: Option<String>,
+}
+
+async fn bench(
+    args: &Args,
+    server: &Server,
+    secret: &str,
+    backend_name: &str,
+    fd_limit: u64,
+) -> anyhow::Result<()> {
+    let keys = TokenKeys::new(secret.as_bytes(), AUDIENCE)?;
+    let now = chrono::Utc::now();
+    let ttl = chrono::Duration::hours(TOKEN_TTL_HOURS);
+    let admin = keys.mint("subscription-bench", &[Role::Admin], None, ttl, now)?;
+    let viewer = keys.mint("subscription-bench-viewer", &[Role::Viewer], None, ttl, now)?;
+    let api = Api::new(server.api_url(), admin)?;
+    let clk_tck = clock_ticks_per_second().await;
+
+    // The nodes the mutations change, and the plan: node i % nodes, cordon and uncordon in
+    // turn. Mutation 0 is the barrier that shows every subscription is live.
+    let (node_ids, versions) = setup(&api, args.nodes).await?;
+    let total = 1 + 2 * args.mutations;
+    let mut plan = Vec::with_capacity(total);
+    let mut current = versions.clone();
+    let mut cordoned = vec![false; args.nodes];
+    for i in 0..total {
+        let node = i % args.nodes;
+        plan.push(Planned {
+            node,
+            cordon: !cordoned[node],
+            from_version: current[node],
+            to_version: current[node] + 1,
+        });
+        cordoned[node] = !cordoned[node];
+        current[node] += 1;
+    }
+    let by_event: HashMap<(usize, i64), u32> = plan
+        .iter()
+        .enumerate()
+        .map(|(i, p)| ((p.node, p.to_version), i as u32))
+        .collect();
+    let node_index: HashMap<String, usize> = node_ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| (id.clone(), i))
+        .collect();
+    let lookup = Arc::new(Lookup {
+        node_index,
+        by_event,
+    });
+    let cursor = newest_event(&api, node_ids.last().context("a node")?).await?;
+
+    // Subscribers connect (bounded concurrency) and subscribe after the setup's last event.
+    let epoch = Instant::now();
+    let rss_before = memory_kb(server.pid())?;
+    let received = Arc::new(AtomicU64::new(0));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let (ready_tx, mut ready_rx) = tokio::sync::mpsc::channel::<
+        anyhow::Result<tokio::task::JoinHandle<Seen>>,
+    >(args.subscribers);
+    let connect_started = Instant::now();
+    let opener = {
+        let url = server.api_url();
+        let lookup = lookup.clone();
+        let received = received.clone();
+        let concurrency = args.connect_concurrency;
+        let count = args.subscribers;
+        tokio::spawn(async move {
+            futures::stream::iter(0..count)
+                .for_each_concurrent(concurrency, |_| {
+                    let (url, viewer, cursor) = (url.clone(), viewer.clone(), cursor.clone());
+                    let (lookup, received, stop_rx, ready_tx) = (
+                        lookup.clone(),
+                        received.clone(),
+                        stop_rx.clone(),
+                        ready_tx.clone(),
+                    );
+                    async move {
+                        let opened = open_subscriber(&url, &viewer, &cursor).await;
+                        let handle = opened.map(|client| {
+                            tokio::spawn(subscriber(
+                                client, total, epoch, lookup, received, stop_rx,
+                            ))
+                        });
+                        let _ = ready_tx.send(handle).await;
+                    }
+                })
+                .await;
+        })
+    };
+    let mut handles = Vec::with_capacity(args.subscribers);
+    let connect_deadline = Instant::now() + Duration::from_secs(args.connect_timeout);
+    let mut next_report = Instant::now() + PROGRESS_EVERY;
+    while handles.len() < args.subscribers {
+        let next =
+            tokio::time::timeout_at(connect_deadline.min(next_report), ready_rx.recv()).await;
+        match next {
+            Ok(Some(Ok(handle))) => handles.push(handle),
+            Ok(Some(Err(err))) => {
+                let _ = stop_tx.send(true);
+                opener.abort();
+                bail!(
+                    "subscriber {} of {} could not connect: {err:#}",
+                    handles.len() + 1,
+                    args.subscribers
+                );
+            }
+            Ok(None) => bail!("the connecting task ended early"),
+            Err(_) if Instant::now() >= connect_deadline => {
+                let _ = stop_tx.send(true);
+                opener.abort();
+                bail!(
+                    "only {} of {} subscribers connected within {} s",
+                    handles.len(),
+                    args.subscribers,
+                    args.connect_timeout
+                );
+            }
+            Err(_) => {
+                tracing::info!(
+                    connected = handles.len(),
+                    of = args.subscribers,
+                    "connecting"
+                );
+                next_report += PROGRESS_EVERY;
+            }
+        }
+        if server.exited() {
+            bail!("the server exited while subscribers connected");
+        }
+    }
+    let connect_took = connect_started.elapsed();
+    tracing::info!(subscribers = args.subscribers, took = ?connect_took, "every subscriber is connected");
+
+    let outcome = async {
+        // The barrier: every subscription delivers mutation 0.
+        let mut sent = vec![Sent::default(); total];
+        sent[0] = mutate(&api, &node_ids, &plan, 0, epoch).await?;
+        wait_for_deliveries(
+            &received,
+            args.subscribers as u64,
+            Duration::from_secs(args.delivery_timeout),
+            server,
+        )
+        .await?;
+        let rss_after = memory_kb(server.pid())?;
+        tracing::info!("every subscription is live; the paced phase starts");
+
+        let mut phases = Vec::new();
+        for (name, range, pace) in [
+            (
+                "paced".to_owned(),
+                1..1 + args.mutations,
+                Some(Duration::from_secs_f64(1.0 / args.rate)),
+            ),
+            (
+                format!(
+                    "burst ({} in flight)",
+                    args.burst_concurrency.min(args.nodes)
+                ),
+                1 + args.mutations..total,
+                None,
+            ),
+        ] {
+            let cpu_before = cpu_ticks(&format!("/proc/{}/stat", server.pid()))?;
+            let own_cpu_before = cpu_ticks("/proc/self/stat")?;
+            let started = Instant::now();
+            let mut ticker = pace.map(|p| {
+                let mut ticker = tokio::time::interval(p);
+                ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                ticker
+            });
+            if let Some(ticker) = ticker.as_mut() {
+                for i in range.clone() {
+                    ticker.tick().await;
+                    sent[i] = mutate(&api, &node_ids, &plan, i, epoch).await?;
+                }
+            } else {
+                // As fast as the server answers: each node's mutations in order (they carry
+                // its version), `--burst-concurrency` nodes at a time.
+                let (api, node_ids, plan) = (&api, &node_ids, &plan);
+                let results: Vec<anyhow::Result<Vec<(usize, Sent)>>> =
+                    futures::stream::iter(0..args.nodes)
+                        .map(|node| {
+                            let range = range.clone();
+                            async move {
+                                let mut done = Vec::new();
+                                for i in range.filter(|i| plan[*i].node == node) {
+                                    done.push((i, mutate(api, node_ids, plan, i, epoch).await?));
+                                }
+                                anyhow::Ok(done)
+                            }
+                        })
+                        .buffer_unordered(args.burst_concurrency)
+                        .collect()
+                        .await;
+                for result in results {
+                    for (i, at) in result? {
+                        sent[i] = at;
+                    }
+                }
+            }
+            let target = (range.end as u64) * args.subscribers as u64;
+            let delivered = wait_for_deliveries(
+                &received,
+                target,
+                Duration::from_secs(args.delivery_timeout),
+                server,
+            )
+            .await;
+            let elapsed = started.elapsed();
+            let cpu = (cpu_ticks(&format!("/proc/{}/stat", server.pid()))? - cpu_before) / clk_tck;
+            let own_cpu = (cpu_ticks("/proc/self/stat")? - own_cpu_before) / clk_tck;
+            if let Err(err) = &delivered {
+                tracing::warn!("{name}: {err:#}");
+            }
+            phases.push(PhaseRun {
+                name,
+                range,
+                pace,
+                elapsed,
+                server_cpu_s: cpu,
+                own_cpu_s: own_cpu,
+                complete: delivered.is_ok(),
+            });
+            if delivered.is_err() {
+                break;
+            }
+        }
+        let _ = stop_tx.send(true);
+        let mut seen = Vec::with_capacity(handles.len());
+        for handle in handles.drain(..) {
+            seen.push(handle.await.context("a subscriber task")?);
+        }
+        let report = Report {
+            subscribers: args.subscribers,
+            backend: backend_name.to_owned(),
+            mutations: args.mutations,
+            rate: args.rate,
+            nodes: args.nodes,
+            fd_limit,
+            connect_took,
+            rss_before_kb: rss_before.0,
+            rss_after_kb: rss_after.0,
+            peak_rss_kb: memory_kb(server.pid())?.1,
+            sent,
+            phases,
+            seen,
+        };
+        report.print()?;
+        anyhow::Ok(())
+    }
+    .await;
+    let _ = stop_tx.send(true);
+    for handle in handles {
+        handle.abort();
+    }
+    opener.abort();
+    outcome
+}
+
+/// The site, pool and `count` enrolled nodes: their ids and versions.
+async fn setup(api: &Api, count: usize) -> anyhow::Result<(Vec<String>, Vec<i64>)> {
+    let site = api
+        .data(
+            "mutation { createSite(input: {name: \"bench\", kind: PLATFORM}) { id } }",
+            json!({}),
+        )
+        .await?["createSite"]["id"]
+        .as_str()
+        .context("createSite returned no id")?
+        .to_owned();
+    let pool = api
+        .data(
+            "mutation($site: ID!) { createPool(input: {siteId: $site, name: \"bench\", kind: METAL_HOST, expectedGpuCount: 8}) { id } }",
+            json!({ "site": site }),
+        )
+        .await?["createPool"]["id"]
+        .as_str()
+        .context("createPool returned no id")?
+        .to_owned();
+    let mut ids = Vec::with_capacity(count);
+    let mut versions = Vec::with_capacity(count);
+    for i in 0..count {
+        let node = api
+            .data(
+                "mutation($site: ID!, $pool: ID, $host: String!) { enrollNode(input: {siteId: $site, poolId: $pool, hostname: $host}) { id version } }",
+                json!({ "site": site, "pool": pool, "host": format!("gpu-{i}.bench.example.com") }),
+            )
+            .await?;
+        ids.push(
+            node["enrollNode"]["id"]
+                .as_str()
+                .context("enrollNode returned no id")?
+                .to_owned(),
+        );
+        versions.push(
+            node["enrollNode"]["version"]
+                .as_i64()
+                .context("enrollNode returned no version")?,
+        );
+    }
+    Ok((ids, versions))
+}
+
+/// The newest event of `node`: the setup's last event, where the subscriptions start.
+async fn newest_event(api: &Api, node: &str) -> anyhow::Result<String> {
+    let data = api
+        .data(
+            "query($id: ID!) { node(id: $id) { events(first: 1) { nodes { id } } } }",
+            json!({ "id": node }),
+        )
+        .await?;
+    Ok(data["node"]["events"]["nodes"][0]["id"]
+        .as_str()
+        .context("the node has no event")?
+        .to_owned())
+}
+
+/// Cordons or uncordons as planned, recording when the request left and the answer came.
+async fn mutate(
+    api: &Api,
+    node_ids: &[String],
+    plan: &[Planned],
+    i: usize,
+    epoch: Instant,
+) -> anyhow::Result<Sent> {
+    let p = &plan[i];
+    let (field, query) = if p.cordon {
+        (
+            "cordonNode",
+            "mutation($id: ID!, $v: Int!) { cordonNode(input: {id: $id, version: $v, reason: \"subscription-bench\"}) { version } }",
+        )
+    } else {
+        (
+            "uncordonNode",
+            "mutation($id: ID!, $v: Int!) { uncordonNode(input: {id: $id, version: $v}) { version } }",
+        )
+    };
+    let request_us = micros_since(epoch);
+    let data = api
+        .data(
+            query,
+            json!({ "id": node_ids[p.node], "v": p.from_version }),
+        )
+        .await
+        .with_context(|| format!("mutation {i}"))?;
+    let response_us = micros_since(epoch);
+    let version = data[field]["version"]
+        .as_i64()
+        .context("no version in the answer")?;
+    ensure!(
+        version == p.to_version,
+        "mutation {i} left version {version}, the plan says {}",
+        p.to_version
+    );
+    Ok(Sent {
+        request_us,
+        response_us,
+    })
+}
+
+/// Waits until `received` reaches `target`, polling, at most `timeout`.
+async fn wait_for_deliveries(
+    received: &AtomicU64,
+    target: u64,
+    timeout: Duration,
+    server: &Server,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    let mut next_report = Instant::now() + PROGRESS_EVERY;
+    loop {
+        let got = received.load(Ordering::Relaxed);
+        if got >= target {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!("{got} of {target} deliveries arrived within {timeout:?}");
+        }
+        if server.exited() {
+            bail!("the server exited");
+        }
+        if Instant::now() >= next_report {
+            tracing::info!(got, target, "waiting for deliveries");
+            next_report += PROGRESS_EVERY;
+        }
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+}
+
+fn micros_since(epoch: Instant) -> u32 {
+    u32::try_from(epoch.elapsed().as_micros()).unwrap_or(NOT_RECEIVED - 1)
+}
+
+const EVENTS: &str = "subscription($after: ID, $types: [String!]) { events(after: $after, types: $types) { nodeId data } }";
+const TYPES: [&str; 2] = ["node.cordoned", "node.uncordoned"];
+
+async fn open_subscriber(
+    url: &str,
+    token: &str,
+    cursor: &str,
+) -> anyhow::Result<SubscriptionClient> {
+    let mut client = SubscriptionClient::connect_with(url, &ConnectOptions::bearer(token)).await?;
+    client
+        .subscribe("1", EVENTS, json!({ "after": cursor, "types": TYPES }))
+        .await?;
+    Ok(client)
+}
+
+/// Maps an event (node id, version after) to its mutation.
+struct Lookup {
+    node_index: HashMap<String, usize>,
+    by_event: HashMap<(usize, i64), u32>,
+}
+
+impl Lookup {
+    fn mutation_of(&self, event: &Value) -> Option<usize> {
+        let node = *self.node_index.get(event["nodeId"].as_str()?)?;
+        let version = event["data"]["version"].as_i64()?;
+        self.by_event.get(&(node, version)).map(|i| *i as usize)
+    }
+}
+
+/// One subscriber: records when each mutation's event arrives until it has all of them or
+/// is told to stop. A `RESUME_REQUIRED` is followed as a client should: resubscribe from
+/// the cursor.
+async fn subscriber(
+    mut client: SubscriptionClient,
+    total: usize,
+    epoch: Instant,
+    lookup: Arc<Lookup>,
+    received: Arc<AtomicU64>,
+    mut stop: watch::Receiver<bool>,
+) -> Seen {
+    let mut seen = Seen {
+        receipts: vec![NOT_RECEIVED; total],
+        resumes: 0,
+        error: None,
+    };
+    let mut count = 0;
+    let mut id = "1".to_owned();
+    while count < total && !*stop.borrow() {
+        let message = tokio::select! {
+            message = client.next(&id, Duration::from_secs(3600)) => message,
+            _ = stop.changed() => break,
+        };
+        let at = micros_since(epoch);
+        match message {
+            Ok(message) => {
+                if let Some(data) = message.data() {
+                    let event = &data["events"];
+                    if let Some(i) = lookup.mutation_of(event)
+                        && seen.receipts[i] == NOT_RECEIVED
+                    {
+                        seen.receipts[i] = at;
+                        count += 1;
+                        received.fetch_add(1, Ordering::Relaxed);
+                    }
+                    continue;
+                }
+                if message.error_code() == Some("RESUME_REQUIRED")
+                    && let Some(cursor) = message
+                        .first_error()
+                        .and_then(|e| e["extensions"]["cursor"].as_str())
+                {
+                    seen.resumes += 1;
+                    id = format!("{}", seen.resumes + 1);
+                    let variables = json!({ "after": cursor, "types": TYPES });
+                    if let Err(err) = client.subscribe(&id, EVENTS, variables).await {
+                        seen.error = Some(format!("resubscribing: {err:#}"));
+                        break;
+                    }
+                    continue;
+                }
+                seen.error = Some(format!("{message:?}"));
+                break;
+            }
+            Err(err) => {
+                seen.error = Some(format!("{err:#}"));
+                break;
+            }
+        }
+    }
+    client.close().await;
+    seen
+}
+
+struct PhaseRun {
+    name: String,
+    range: std::ops::Range<usize>,
+    pace: Option<Duration>,
+    elapsed: Duration,
+    server_cpu_s: f64,
+    own_cpu_s: f64,
+    complete: bool,
+}
+
+struct Report {
+    subscribers: usize,
+    backend: String,
+    mutations: usize,
+    rate: f64,
+    nodes: usize,
+    fd_limit: u64,
+    connect_took: Duration,
+    rss_before_kb: u64,
+    rss_after_kb: u64,
+    peak_rss_kb: u64,
+    sent: Vec<Sent>,
+    phases: Vec<PhaseRun>,
+    seen: Vec<Seen>,
+}
+
+/// Nearest-rank quantiles of microsecond samples.
+struct Quantiles {
+    p50: f64,
+    p99: f64,
+    max: f64,
+}
+
+fn quantiles(samples: &mut [u32]) -> Option<Quantiles> {
+    if samples.is_empty() {
+        return None;
+    }
+    samples.sort_unstable();
+    let at = |q: f64| {
+        let rank = ((q * samples.len() as f64).ceil() as usize).clamp(1, samples.len());
+        f64::from(samples[rank - 1]) / 1000.0
+    };
+    Some(Quantiles {
+        p50: at(0.5),
+        p99: at(0.99),
+        max: f64::from(samples[samples.len() - 1]) / 1000.0,
+    })
+}
+
+fn describe(q: Option<Quantiles>) -> String {
+    q.map_or_else(
+        || "no samples".to_owned(),
+        |q| format!("{:.1} / {:.1} / {:.1} ms", q.p50, q.p99, q.max),
+    )
+}
+
+impl Report {
+    fn print(&self) -> std::io::Result<()> {
+        let n = self.subscribers as f64;
+        let mut rows: Vec<(String, String, &str)> = vec![
+            (
+                "connect + subscribe".into(),
+                format!(
+                    "{:.1} s ({:.0} connections/s)",
+                    self.connect_took.as_secs_f64(),
+                    n / self.connect_took.as_secs_f64()
+                ),
+                "",
+            ),
+            (
+                "server RSS before / after connecting".into(),
+                format!(
+                    "{:.1} MB / {:.1} MB: {:.1} KB per subscriber (peak {:.1} MB)",
+                    self.rss_before_kb as f64 / 1024.0,
+                    self.rss_after_kb as f64 / 1024.0,
+                    self.rss_after_kb.saturating_sub(self.rss_before_kb) as f64 / n,
+                    self.peak_rss_kb as f64 / 1024.0
+                ),
+                RAW_MEMORY,
+            ),
+        ];
+        for phase in &self.phases {
+            let mut from_response = Vec::new();
+            let mut from_request = Vec::new();
+            let mut early = 0usize;
+            let mut last_receipt = 0u32;
+            let mut missing = 0usize;
+            for seen in &self.seen {
+                for i in phase.range.clone() {
+                    let at = seen.receipts[i];
+                    if at == NOT_RECEIVED {
+                        missing += 1;
+                        continue;
+                    }
+                    let sent = self.sent[i];
+                    if at < sent.response_us {
+                        early += 1;
+                    }
+                    from_response.push(at.saturating_sub(sent.response_us));
+                    from_request.push(at.saturating_sub(sent.request_us));
+                    last_receipt = last_receipt.max(at);
+                }
+            }
+            let delivered = from_response.len();
+            let first_request = self.sent[phase.range.start].request_us;
+            let span_s = f64::from(last_receipt.saturating_sub(first_request)) / 1e6;
+            let mut mutation_latency: Vec<u32> = phase
+                .range
+                .clone()
+                .map(|i| {
+                    self.sent[i]
+                        .response_us
+                        .saturating_sub(self.sent[i].request_us)
+                })
+                .collect();
+            let label = match phase.pace {
+                Some(p) => format!("{} ({:.0}/s)", phase.name, 1.0 / p.as_secs_f64()),
+                None => phase.name.clone(),
+            };
+            let cpu_pct = phase.server_cpu_s / phase.elapsed.as_secs_f64() * 100.0;
+            rows.extend([
+                (
+                    format!("{label}: mutation latency p50 / p99 / max"),
+                    describe(quantiles(&mut mutation_latency)),
+                    RAW_MUTATION,
+                ),
+                (
+                    format!("{label}: delivery after the response p50 / p99 / max"),
+                    format!(
+                        "{} ({:.1} % arrived before the response)",
+                        describe(quantiles(&mut from_response)),
+                        early as f64 * 100.0 / delivered.max(1) as f64
+                    ),
+                    "",
+                ),
+                (
+                    format!("{label}: delivery after the request p50 / p99 / max"),
+                    describe(quantiles(&mut from_request)),
+                    "",
+                ),
+                (
+                    format!("{label}: deliveries"),
+                    format!(
+                        "{delivered} of {} ({missing} missing{}), {:.0}/s over {:.2} s",
+                        phase.range.len() * self.subscribers,
+                        if phase.complete { "" } else { ", timed out" },
+                        delivered as f64 / span_s.max(1e-9),
+                        span_s
+                    ),
+                    RAW_DELIVERIES,
+                ),
+                (
+                    format!("{label}: server CPU"),
+                    format!(
+                        "{cpu_pct:.1} % of one core, {:.1} us per delivery",
+                        phase.server_cpu_s * 1e6 / delivered.max(1) as f64
+                    ),
+                    RAW_CPU_PER_DELIVERY,
+                ),
+                (
+                    format!("{label}: benchmark CPU (clients)"),
+                    format!(
+                        "{:.1} % of one core",
+                        phase.own_cpu_s / phase.elapsed.as_secs_f64() * 100.0
+                    ),
+                    RAW_CPU,
+                ),
+            ]);
+        }
+        let resumes: usize = self.seen.iter().map(|s| s.resumes).sum();
+        let errors: Vec<&String> = self.seen.iter().filter_map(|s| s.error.as_ref()).collect();
+        rows.push(("RESUME_REQUIRED followed".into(), resumes.to_string(), ""));
+        rows.push((
+            "subscribers that failed".into(),
+            errors.len().to_string(),
+            "",
+        ));
+
+        let mut out = std::io::stdout().lock();
+        writeln!(out)?;
+        writeln!(
+            out,
+            "subscription-bench: {} subscribers (events, one connection each) on {}; {} mutations paced at {}/s, then {} in a burst, over {} nodes; fd limit {}",
+            self.subscribers,
+            self.backend,
+            self.mutations,
+            self.rate,
+            self.mutations,
+            self.nodes,
+            self.fd_limit
+        )?;
+        writeln!(out)?;
+        let width = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
+        let value_width = rows.iter().map(|r| r.1.len()).max().unwrap_or(0);
+        writeln!(
+            out,
+            "{:width$}  {:value_width$}  raw limit on this machine kind (shared/notes/performance.md)",
+            "measure", "result"
+        )?;
+        writeln!(out, "{}", "-".repeat(width + value_width + 64))?;
+        for (name, value, limit) in &rows {
+            writeln!(out, "{name:width$}  {value:value_width$}  {limit}")?;
+        }
+        if let Some(first) = errors.first() {
+            writeln!(out)?;
+            writeln!(
+                out,
+                "{} subscriber(s) failed; the first: {first}",
+                errors.len()
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// The GraphQL API of the child server, as the benchmark's admin.
+struct Api {
+    client: reqwest::Client,
+    url: String,
+    token: String,
+}
+
+impl Api {
+    fn new(url: String, token: String) -> anyhow::Result<Api> {
+        Ok(Api {
+            client: reqwest::Client::builder()
+                .timeout(REQUEST_TIMEOUT)
+                .build()?,
+            url,
+            token,
+        })
+    }
+
+    /// `data`, or the errors as an error.
+    async fn data(&self, query: &str, variables: Value) -> anyhow::Result<Value> {
+        let body: Value = self
+            .client
+            .post(format!("{}/graphql", self.url))
+            .bearer_auth(&self.token)
+            .json(&json!({ "query": query, "variables": variables }))
+            .send()
+            .await?
+            .json()
+            .await?;
+        if body.get("errors").is_some_and(|e| !e.is_null()) {
+            bail!("GraphQL errors: {}", body["errors"]);
+        }
+        Ok(body["data"].clone())
+    }
+}
+
+/// The server as a child process.
+struct Server {
+    child: Child,
+    api_port: u16,
+    log: PathBuf,
+}
+
+impl Server {
+    async fn start(
+        bin: &Path,
+        dir: &Path,
+        database_url: Option<&str>,
+        log_filter: &str,
+        secret: &str,
+    ) -> anyhow::Result<Server> {
+        let (api_port, gateway_port) = free_ports()?;
+        let mut env = vec![
+            ("BC_LISTEN".to_owned(), format!("127.0.0.1:{api_port}")),
+            (
+                "BC_GATEWAY__LISTEN".to_owned(),
+                format!("127.0.0.1:{gateway_port}"),
+            ),
+            (
+                "BC_DATA_DIR".to_owned(),
+                dir.join("data").display().to_string(),
+            ),
+            ("BC_AUTH__JWT_SECRET".to_owned(), secret.to_owned()),
+            ("BC_LOG__FILTER".to_owned(), log_filter.to_owned()),
+        ];
+        if let Some(url) = database_url {
+            env.push(("DATABASE_URL".to_owned(), url.to_owned()));
+        }
+        let log = dir.join("server.log");
+        let log_file = std::fs::File::create(&log)?;
+        let mut command = Command::new(bin);
+        // Only the benchmark's configuration: no `BC_…`, `DATABASE_URL` or `RUST_LOG` from
+        // the caller's environment.
+        for (key, _) in std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v))) {
+            if key.starts_with("BC_") || key == "DATABASE_URL" || key == "RUST_LOG" {
+                command.env_remove(key);
+            }
+        }
+        let child = command
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .arg("serve")
+            .stdout(Stdio::from(log_file.try_clone()?))
+            .stderr(Stdio::from(log_file))
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let mut server = Server {
+            child,
+            api_port,
+            log,
+        };
+        server.wait_ready().await?;
+        tracing::info!(api = %server.api_url(), pid = server.pid(), "server ready");
+        Ok(server)
+    }
+
+    async fn wait_ready(&mut self) -> anyhow::Result<()> {
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(1))
+            .build()?;
+        let deadline = Instant::now() + SERVER_READY_TIMEOUT;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                bail!(
+                    "the server exited with {status}; its log ends with:\n{}",
+                    self.log_tail()
+                );
+            }
+            if client
+                .get(format!("{}/readyz", self.api_url()))
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success())
+            {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "the server was not ready within {SERVER_READY_TIMEOUT:?}; its log ends with:\n{}",
+                    self.log_tail()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn api_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.api_port)
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id().unwrap_or_default()
+    }
+
+    fn exited(&self) -> bool {
+        !Path::new(&format!("/proc/{}", self.pid())).exists()
+    }
+
+    fn log_tail(&self) -> String {
+        const TAIL_LINES: usize = 30;
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(TAIL_LINES)..].join("\n")
+    }
+
+    /// SIGTERM, then SIGKILL if it does not stop in time.
+    async fn stop(&mut self) -> anyhow::Result<()> {
+        if let Some(pid) = self.child.id() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status()
+                .await;
+            match tokio::time::timeout(CHILD_STOP_TIMEOUT, self.child.wait()).await {
+                Ok(status) => {
+                    let status = status?;
+                    if !status.success() {
+                        tracing::warn!(%status, "the server did not exit cleanly");
+                    }
+                }
+                Err(_) => {
+                    tracing::warn!(
+                        "the server did not stop within {CHILD_STOP_TIMEOUT:?}; killing it"
+                    );
+                    self.child.kill().await?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn server_binary(given: Option<&Path>) -> anyhow::Result<PathBuf> {
+    let path = match given {
+        Some(path) => path.to_owned(),
+        None => std::env::current_exe()?
+            .parent()
+            .context("the benchmark's directory")?
+            .join("better-compute"),
+    };
+    ensure!(
+        path.is_file(),
+        "no server binary at {}: build it first (`cargo build --release -p better-compute`) or set BC_SERVER_BIN",
+        path.display()
+    );
+    Ok(path)
+}
+
+/// Two free loopback ports: bound together (so they differ), then released for the server.
+fn free_ports() -> anyhow::Result<(u16, u16)> {
+    let a = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let b = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok((a.local_addr()?.port(), b.local_addr()?.port()))
+}
+
+/// utime + stime of a process, in clock ticks, from `/proc/<pid>/stat`.
+fn cpu_ticks(stat_path: &str) -> anyhow::Result<f64> {
+    let stat =
+        std::fs::read_to_string(stat_path).with_context(|| format!("reading {stat_path}"))?;
+    // The command name (field 2) may hold spaces; the fields after its closing parenthesis
+    // start with field 3 (state), so utime (14) and stime (15) are the 12th and 13th.
+    let after = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .context("a /proc stat line")?;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let field = |i: usize| -> anyhow::Result<f64> {
+        Ok(fields
+            .get(i)
+            .context("a short /proc stat line")?
+            .parse::<f64>()?)
+    };
+    Ok(field(11)? + field(12)?)
+}
+
+/// VmRSS and VmHWM of a process, in kB.
+fn memory_kb(pid: u32) -> anyhow::Result<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let field = |name: &str| -> u64 {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_default()
+    };
+    Ok((field("VmRSS:"), field("VmHWM:")))
+}
+
+async fn clock_ticks_per_second() -> f64 {
+    match Command::new("getconf").arg("CLK_TCK").output().await {
+        Ok(output) => String::from_utf8_lossy(&output.stdout)
+            .trim()
+            .parse()
+            .unwrap_or(DEFAULT_CLK_TCK),
+        Err(_) => DEFAULT_CLK_TCK,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_are_nearest_rank_in_milliseconds() {
+        let mut samples: Vec<u32> = (1..=100).map(|ms| ms * 1000).collect();
+        let q = quantiles(&mut samples).expect("samples");
+        assert_eq!((q.p50, q.p99, q.max), (50.0, 99.0, 100.0));
+        assert!(quantiles(&mut []).is_none());
+    }
+
+    #[test]
+    fn events_map_to_their_mutation() {
+        let lookup = Lookup {
+            node_index: HashMap::from([("node_a".to_owned(), 0), ("node_b".to_owned(), 1)]),
+            by_event: HashMap::from([((0, 2), 0), ((1, 2), 1), ((0, 3), 2)]),
+        };
+        assert_eq!(
+            lookup.mutation_of(&json!({ "nodeId": "node_a", "data": { "version": 3 } })),
+            Some(2)
+        );
+        assert_eq!(
+            lookup.mutation_of(&json!({ "nodeId": "node_b", "data": { "version": 2 } })),
+            Some(1)
+        );
+        assert_eq!(
+            lookup.mutation_of(&json!({ "nodeId": "node_c", "data": { "version": 2 } })),
+            None
+        );
+        assert_eq!(
+            lookup.mutation_of(&json!({ "nodeId": "node_a", "data": {} })),
+            None
+        );
+    }
+}
