@@ -161,6 +161,14 @@ async fn metrics(State(state): State<AppState>) -> Response {
     let (size, idle) = state.services.store.pool_stats();
     metrics::gauge!("bc_db_pool_connections").set(f64::from(size));
     metrics::gauge!("bc_db_pool_idle_connections").set(idle as f64);
+    match crate::store::commands::depths(state.services.store.db()).await {
+        Ok(depths) => {
+            for (status, count) in depths {
+                metrics::gauge!("bc_commands", "status" => status.to_string()).set(count as f64);
+            }
+        }
+        Err(err) => tracing::warn!(error = %err, "counting the command queue for /metrics failed"),
+    }
     let handle = crate::telemetry::metrics_handle();
     handle.run_upkeep();
     (

@@ -181,6 +181,24 @@ pub async fn of_node(
     rows.into_iter().map(command_from).collect()
 }
 
+/// How many commands are queued, dispatched and running (the queue depths `/metrics` shows).
+pub async fn depths(conn: &impl ConnectionTrait) -> anyhow::Result<Vec<(CommandStatus, u64)>> {
+    use sea_orm::PaginatorTrait;
+    let mut out = Vec::new();
+    for status in [
+        CommandStatus::Queued,
+        CommandStatus::Dispatched,
+        CommandStatus::Running,
+    ] {
+        let count = command::Entity::find()
+            .filter(command::Column::Status.eq(status.to_string()))
+            .count(conn)
+            .await?;
+        out.push((status, count));
+    }
+    Ok(out)
+}
+
 /// Queued commands that expired by `now`, and dispatched or running ones (whose deadlines
 /// the caller checks), at most `limit` of each.
 pub async fn overdue_candidates(
