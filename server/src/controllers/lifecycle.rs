@@ -133,20 +133,20 @@ impl LifecycleController {
     }
 
     async fn node_spec(&mut self, report: &mut LifecycleReport) -> Result<(), ApiError> {
-        let filter = NodeFilter {
-            provision_states: vec![ProvisionState::Adopted, ProvisionState::Deployed],
-            ..NodeFilter::default()
-        };
-        let read = self.services.store.read().await?;
-        let nodes = crate::store::nodes::list(&read, &filter, None, MAX_PER_TICK * 5).await?;
-        drop(read);
+        let states = [ProvisionState::Adopted, ProvisionState::Deployed];
+        let waiting = crate::store::nodes::awaiting_first_spec(
+            self.services.store.db(),
+            &states,
+            MAX_PER_TICK,
+        )
+        .await?;
         let actor = Actor::Controller("node-spec".into());
-        for node in nodes.into_iter().filter(|n| n.generation == 0) {
+        for (id, version) in waiting {
             let outcome = apply(
                 &self.services,
                 &actor,
-                &node.id,
-                node.version,
+                &id,
+                version,
                 "node-spec:initial",
                 |n, _, _| {
                     Ok(if n.generation == 0 {

@@ -409,6 +409,35 @@ pub async fn list(
         .collect()
 }
 
+/// Live nodes in `states` whose spec generation is still 0 (id and version), at most `limit`:
+/// the NodeSpec controller's work list, selected in SQL so a settled fleet costs one cheap
+/// query per tick instead of loading every node.
+pub async fn awaiting_first_spec(
+    conn: &impl ConnectionTrait,
+    states: &[ProvisionState],
+    limit: u64,
+) -> anyhow::Result<Vec<(NodeId, i64)>> {
+    let rows = node::Entity::find()
+        .select_only()
+        .column(node::Column::Id)
+        .column(node::Column::Version)
+        .filter(node::Column::DeletedAt.is_null())
+        .filter(node::Column::Generation.eq(0))
+        .filter(node::Column::ProvisionState.is_in(states.iter().map(ToString::to_string)))
+        .limit(limit)
+        .into_tuple::<(String, i64)>()
+        .all(conn)
+        .await?;
+    rows.into_iter()
+        .map(|(id, version)| {
+            Ok((
+                NodeId::parse(&id).map_err(|_| anyhow!("corrupt row: nodes.id = `{id}`"))?,
+                version,
+            ))
+        })
+        .collect()
+}
+
 /// How many nodes match.
 pub async fn count(conn: &impl ConnectionTrait, filter: &NodeFilter) -> anyhow::Result<u64> {
     use sea_orm::PaginatorTrait;
