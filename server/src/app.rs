@@ -96,7 +96,7 @@ pub async fn start(config: &Config, clock: Arc<dyn Clock>) -> anyhow::Result<Run
     )?);
     let services = Services::new(store, clock.clone(), ca);
     let (feed_stop, feed_stopped) = tokio::sync::watch::channel(false);
-    let feed = crate::feed::Feed::start(services.clone(), feed_stopped).await?;
+    let feed = crate::feed::Feed::start(services.clone(), feed_stopped.clone()).await?;
     let gateway_feed = feed.clone();
     let schema = build_schema(Some((services.clone(), feed)), &config.graphql);
     crate::telemetry::metrics_handle();
@@ -104,6 +104,7 @@ pub async fn start(config: &Config, clock: Arc<dyn Clock>) -> anyhow::Result<Run
     let listener = TcpListener::bind(config.listen).await?;
     let local_addr = listener.local_addr()?;
     let app = router(AppState {
+        shutdown: feed_stopped,
         schema,
         keys: keys.clone(),
         services: services.clone(),

@@ -42,6 +42,8 @@ pub struct FeedEvent {
 pub struct Feed {
     tx: broadcast::Sender<Arc<FeedEvent>>,
     head: watch::Sender<i64>,
+    /// Ends every subscriber's stream when the server shuts down.
+    stopped: watch::Receiver<bool>,
 }
 
 impl Feed {
@@ -53,7 +55,11 @@ impl Feed {
         let start = events::head(services.store.db()).await?;
         let (tx, _) = broadcast::channel(FEED_BUFFER);
         let (head, _) = watch::channel(start);
-        let feed = Arc::new(Feed { tx, head });
+        let feed = Arc::new(Feed {
+            tx,
+            head,
+            stopped: shutdown.clone(),
+        });
         let wake = services.store.committed();
         if services.store.backend() == sea_orm::DbBackend::Postgres {
             tokio::spawn(listen(services.clone(), wake.clone(), shutdown.clone()));
@@ -74,6 +80,7 @@ impl Feed {
         after: i64,
     ) -> impl Stream<Item = Result<Arc<FeedEvent>, ApiError>> + Send + use<> {
         let mut rx = self.tx.subscribe();
+        let mut stopped = self.stopped.clone();
         async_stream::stream! {
             let mut last = after;
             // Replay from the table until it has nothing newer.
@@ -96,7 +103,12 @@ impl Feed {
             }
             // Follow the broadcast, skipping what the replay already delivered.
             loop {
-                match rx.recv().await {
+                let received = tokio::select! {
+                    received = rx.recv() => received,
+                    // The server is stopping: the stream ends, the client resumes elsewhere.
+                    _ = stopped.changed() => return,
+                };
+                match received {
                     Ok(event) => {
                         if event.event.id.0 <= last {
                             continue;

@@ -20,6 +20,8 @@ use crate::service::Services;
 #[derive(Clone)]
 pub struct AppState {
     pub schema: AppSchema,
+    /// Fires when the server stops: open subscription sockets close then.
+    pub shutdown: tokio::sync::watch::Receiver<bool>,
     pub keys: Arc<TokenKeys>,
     pub services: Services,
 }
@@ -108,12 +110,13 @@ async fn graphql_get(State(state): State<AppState>, request: axum::extract::Requ
         };
     let schema = state.schema.clone();
     let keys = state.keys.clone();
+    let mut shutdown = state.shutdown.clone();
     upgrade
         .read_buffer_size(SUBSCRIPTION_READ_BUFFER_BYTES)
         .protocols(async_graphql::http::ALL_WEBSOCKET_PROTOCOLS)
         .on_upgrade(move |socket| async move {
             metrics::gauge!("bc_subscription_connections").increment(1.0);
-            async_graphql_axum::GraphQLWebSocket::new(socket, schema, protocol)
+            let session = async_graphql_axum::GraphQLWebSocket::new(socket, schema, protocol)
                 .on_connection_init(move |payload| async move {
                     let principal = keys
                         .from_header(bearer_from_init(&payload).as_deref())
@@ -122,8 +125,17 @@ async fn graphql_get(State(state): State<AppState>, request: axum::extract::Requ
                     data.insert(principal);
                     Ok(data)
                 })
-                .serve()
-                .await;
+                .serve();
+
+            tokio::select! {
+
+                () = session => {}
+
+                // The server is stopping: drop the socket so clients reconnect elsewhere.
+
+                _ = shutdown.changed() => {}
+
+            }
             metrics::gauge!("bc_subscription_connections").decrement(1.0);
         })
 }

@@ -1074,3 +1074,30 @@ async fn a_subscription_ends_with_unauthenticated_when_its_token_expires() {
     })
     .await;
 }
+
+/// A server that stops ends its subscriptions and closes their sockets, so clients notice at
+/// once and resume elsewhere, instead of hanging on a dead feed.
+#[tokio::test]
+async fn stopping_the_server_ends_its_subscriptions() {
+    for backend in Backend::selected() {
+        let s = TestServer::start(backend).await.expect("a test server");
+        let mut client = connect(&s).await;
+        client
+            .subscribe("e", "subscription { events { id } }", json!({}))
+            .await
+            .expect("subscribed");
+        let restarted = s.restart().await.expect("a restart");
+        // The old server is gone: the client sees its operation end or its socket close,
+        // never a silent wait.
+        let outcome = client.next("e", Duration::from_secs(10)).await;
+        match outcome {
+            Ok(SubMessage::Complete) => {}
+            Err(_) => assert!(
+                client.closed().is_some(),
+                "nothing arrived and the socket is still open: {outcome:?}"
+            ),
+            Ok(other) => panic!("expected the subscription to end, got {other:?}"),
+        }
+        restarted.stop().await;
+    }
+}

@@ -227,8 +227,8 @@ impl TestServer {
     }
 
     /// A second server ("replica") on this server's database: its own listeners (new ports),
-    /// live event feed, controllers and gateway, the same CA, JWT secret and clock, as
-    /// another process of the same deployment would be. Tokens of either work on both.
+    /// live event feed and gateway, the same CA, JWT secret and clock, as another process of
+    /// the same deployment would be. Tokens of either work on both.
     /// Stop each with [`TestServer::stop`]; the database is dropped with the last of them.
     pub async fn replica(&self) -> anyhow::Result<TestServer> {
         TestServer::start_on(self.backend, self.shared.clone(), self.clock.clone()).await

@@ -216,7 +216,13 @@ impl SubscriptionRoot {
         let services = services(ctx)?.clone();
         let principal = principal(ctx)?.clone();
         let feed = ctx.data::<Arc<Feed>>()?.clone();
-        let start = start_cursor(after.as_ref())?.unwrap_or_else(|| feed.head());
+        // From now: the table's head, which the feed may not have read yet.
+        let start = match start_cursor(after.as_ref())? {
+            Some(start) => start,
+            None => events::head(services.store.db())
+                .await
+                .map_err(ApiError::from)?,
+        };
         let node_id = node_id.map(|n| n.to_string());
         let command_id = command_id.map(|c| c.to_string());
         let expires_at = principal.expires_at;
