@@ -228,7 +228,14 @@ async fn a_daemon_pins_the_ca_renews_reconnects_and_stops_when_revoked() {
         let status = daemon.status();
         assert_eq!(status.phase, Phase::Failed);
         assert!(!status.connected);
-        assert_eq!(status.last_close_reason.as_deref(), Some(bc_core::protocol::close::IDENTITY_REVOKED));
+        // The revocation reaches the daemon either as the live session's goodbye or, when it
+        // lands while the flapping daemon reconnects, as the gateway refusing the old
+        // certificate: both say the identity is gone.
+        let reason = status.last_close_reason.clone().unwrap_or_default();
+        assert!(
+            reason == bc_core::protocol::close::IDENTITY_REVOKED || reason.contains("revoked or replaced"),
+            "{reason}"
+        );
     })
     .await;
 }

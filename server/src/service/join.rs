@@ -507,7 +507,15 @@ impl Services {
                 ),
                 None => None,
             };
-            let ids = bc_core::health::identifiers(sections.get("system"), sections.get("network"));
+            // The key is recomputed only from a complete set of identifiers (both sections
+            // reported): sections arrive one by one, and a key from half of them would
+            // differ from the join's, or be untrusted, until the other half arrives.
+            let complete = sections.contains_key("system") && sections.contains_key("network");
+            let ids = if complete {
+                bc_core::health::identifiers(sections.get("system"), sections.get("network"))
+            } else {
+                BTreeMap::new()
+            };
             let hw = hardware_key(&ids);
             // A trusted key must be unique across live nodes: one already held by another
             // node is kept, but untrusted, rather than letting two nodes claim one machine.
