@@ -5,6 +5,9 @@
 //! Every API test goes through [`each_backend`], which runs the same test body once per
 //! database backend, so the two can never drift apart unnoticed.
 
+/// The support code of the benchmarks (`fleet-bench`, `subscription-bench`): the server as a
+/// child process, its GraphQL API, `/proc` measurements and the results table.
+pub mod bench;
 pub mod daemon;
 pub mod inventory;
 pub mod server;

@@ -16,38 +16,26 @@
 //! cargo run --release -p bc-testing --bin fleet-bench -- --nodes 1000 --window 10
 //! ```
 
-use anyhow::{Context, bail, ensure};
+use anyhow::{Context, ensure};
+use bc_testing::bench::{self, Api, BenchDatabase, PROGRESS_EVERY, Row, Server, ServerArgs};
 use bc_testing::daemon::CaTrust;
-use bc_testing::server::{Backend, TestDatabase};
 use bc_testing::sim::{Fleet, Progress, SimOptions};
 use clap::Parser;
 use rand::seq::IndexedRandom;
 use serde_json::{Value, json};
 use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::{ExitCode, Stdio};
+use std::process::ExitCode;
 use std::time::Duration;
-use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
-/// How long the server may take to migrate its database and listen.
-const SERVER_READY_TIMEOUT: Duration = Duration::from_secs(60);
-/// How often readiness and fleet progress are polled.
+/// How often fleet progress is polled while the fleet comes up.
 const POLL_INTERVAL: Duration = Duration::from_millis(100);
-/// How often progress is printed while the fleet comes up.
-const PROGRESS_EVERY: Duration = Duration::from_secs(5);
-/// How long the server gets to stop after SIGTERM before it is killed.
-const CHILD_STOP_TIMEOUT: Duration = Duration::from_secs(15);
 /// How long a GraphQL request of the benchmark may take before it counts as failed.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the join token the benchmark mints lives.
 const JOIN_TOKEN_TTL: Duration = Duration::from_secs(2 * 3600);
-/// Lifetime of the admin token the benchmark mints.
-const ADMIN_TOKEN_HOURS: &str = "4";
 /// File descriptors the benchmark wants beyond one per node (joins, GraphQL, the runtime).
 const SPARE_FDS: u64 = 1024;
-/// Clock ticks per second when `getconf CLK_TCK` cannot say (Linux's value everywhere).
-const DEFAULT_CLK_TCK: f64 = 100.0;
 
 /// The raw limits measured on this machine kind, quoted from
 /// `shared/notes/performance.md`, by the measure they bound.
@@ -95,26 +83,13 @@ struct Args {
     /// Run on this database as it is (loopback hosts only). Default: a fresh SQLite file.
     #[arg(long)]
     database_url: Option<String>,
-    /// The `better-compute` binary. Default: next to this one.
-    #[arg(long, env = "BC_SERVER_BIN")]
-    server_bin: Option<PathBuf>,
-    /// The server's log filter (its log goes to server.log in the temporary directory).
-    #[arg(long, default_value = "warn")]
-    server_log: String,
-    /// Keep the temporary directory (database, server.log) and print where it is.
-    #[arg(long)]
-    keep: bool,
+    #[command(flatten)]
+    server: ServerArgs,
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,fleet_bench=info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    bench::init(module_path!());
     let args = Args::parse();
     match run(args).await {
         Ok(()) => ExitCode::SUCCESS,
@@ -131,7 +106,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         args.window > 0 && args.samples > 0,
         "--window and --samples must be at least 1"
     );
-    let server_bin = server_binary(args.server_bin.as_deref())?;
+    let server_bin = bench::server_binary(args.server.server_bin.as_deref())?;
     let fd_limit = rlimit::increase_nofile_limit(u64::MAX).context("raising RLIMIT_NOFILE")?;
     if fd_limit < args.nodes as u64 + SPARE_FDS {
         tracing::warn!(
@@ -141,58 +116,20 @@ async fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     let dir = tempfile::Builder::new().prefix("fleet-bench-").tempdir()?;
-    let (database, backend_name) = if args.postgres {
-        let database = TestDatabase::create(Backend::Postgres).await?;
-        (Some(database), "PostgreSQL (fresh database)")
-    } else {
-        (
-            None,
-            if args.database_url.is_some() {
-                "the given database"
-            } else {
-                "SQLite (fresh file)"
-            },
-        )
-    };
-    let database_url = match (&database, &args.database_url) {
-        (Some(database), _) => Some(database.url.clone()),
-        (None, Some(url)) => {
-            ensure!(
-                is_loopback_database(url),
-                "--database-url must point at 127.0.0.1, localhost or a local socket"
-            );
-            Some(url.clone())
-        }
-        (None, None) => None,
-    };
+    let database = BenchDatabase::prepare(args.postgres, args.database_url.as_deref()).await?;
 
-    let mut server = Server::start(
+    let server = Server::start(
         &server_bin,
         dir.path(),
-        database_url.as_deref(),
-        &args.server_log,
+        database.url(),
+        &args.server.server_log,
     )
     .await?;
-    let outcome = bench(&args, &server, backend_name, fd_limit).await;
-    let stopped = server.stop().await;
-    if let Some(database) = database {
-        database
-            .drop_database()
-            .await
-            .context("dropping the benchmark database")?;
-    }
-    if args.keep {
-        let kept = dir.keep();
-        tracing::info!(dir = %kept.display(), "kept the temporary directory");
-    }
-    if outcome.is_err() {
-        tracing::error!("the server's log ends with:\n{}", server.log_tail());
-    }
-    outcome?;
-    stopped
+    let outcome = run_bench(&args, &server, database.description(), fd_limit).await;
+    bench::finish(server, database, dir, args.server.keep, outcome).await
 }
 
-async fn bench(
+async fn run_bench(
     args: &Args,
     server: &Server,
     backend_name: &str,
@@ -200,26 +137,10 @@ async fn bench(
 ) -> anyhow::Result<()> {
     let api = Api::new(
         server.api_url(),
-        server.admin_token(&args.server_log).await?,
+        server.admin_token().await?,
+        REQUEST_TIMEOUT,
     )?;
-    let site = api
-        .data(
-            "mutation($name: String!) { createSite(input: {name: $name, kind: PLATFORM}) { id } }",
-            json!({ "name": "bench" }),
-        )
-        .await?["createSite"]["id"]
-        .as_str()
-        .context("createSite returned no id")?
-        .to_owned();
-    let pool = api
-        .data(
-            "mutation($site: ID!) { createPool(input: {siteId: $site, name: \"bench\", kind: METAL_HOST, expectedGpuCount: 8}) { id } }",
-            json!({ "site": site }),
-        )
-        .await?["createPool"]["id"]
-        .as_str()
-        .context("createPool returned no id")?
-        .to_owned();
+    let (site, pool) = api.create_site_and_pool().await?;
     let token = api
         .data(
             "mutation($site: ID!, $pool: ID, $uses: Int, $ttl: Int) { createJoinToken(input: {siteId: $site, poolId: $pool, maxUses: $uses, expiresInSeconds: $ttl, description: \"fleet-bench\"}) { secret caCertificateSha256 token { id } } }",
@@ -360,11 +281,11 @@ async fn measure(
     let node_ids = fleet.node_ids();
     ensure!(!node_ids.is_empty(), "no node joined");
     let window = Duration::from_secs(args.window);
-    let clk_tck = clock_ticks_per_second().await;
+    let clk_tck = bench::clock_ticks_per_second().await;
 
     let metrics_before = api.metrics().await?;
-    let cpu_before = cpu_ticks(&format!("/proc/{}/stat", server.pid()))?;
-    let sim_cpu_before = cpu_ticks("/proc/self/stat")?;
+    let cpu_before = server.cpu_ticks()?;
+    let sim_cpu_before = bench::own_cpu_ticks()?;
     let sent_before = fleet.progress().heartbeats_sent;
     let start = Instant::now();
 
@@ -403,10 +324,10 @@ async fn measure(
     }
     let elapsed = start.elapsed();
     let metrics_after = api.metrics().await?;
-    let cpu_after = cpu_ticks(&format!("/proc/{}/stat", server.pid()))?;
-    let sim_cpu_after = cpu_ticks("/proc/self/stat")?;
+    let cpu_after = server.cpu_ticks()?;
+    let sim_cpu_after = bench::own_cpu_ticks()?;
     let progress = fleet.progress();
-    let (server_rss_kb, server_peak_rss_kb) = memory_kb(server.pid())?;
+    let memory = server.memory()?;
     // A counter appears in /metrics once first incremented: absent before but present after
     // is zero before; absent after means the server does not have it.
     let per_second = |before: Option<f64>, after: Option<f64>| {
@@ -429,8 +350,8 @@ async fn measure(
         conflicts,
         failures,
         server_cpu: (cpu_after - cpu_before) / clk_tck / elapsed.as_secs_f64() * 100.0,
-        server_rss_kb,
-        server_peak_rss_kb,
+        server_rss_kb: memory.rss_kb,
+        server_peak_rss_kb: memory.peak_rss_kb,
         sim_cpu: (sim_cpu_after - sim_cpu_before) / clk_tck / elapsed.as_secs_f64() * 100.0,
         connected_at_end: progress.connected,
         progress,
@@ -514,8 +435,7 @@ impl Latencies {
     fn quantile(&self, q: f64) -> Option<Duration> {
         let mut sorted = self.0.clone();
         sorted.sort_unstable();
-        let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len().max(1));
-        sorted.get(rank - 1).copied()
+        bench::nearest_rank(&sorted, q)
     }
 
     fn describe(&self) -> String {
@@ -557,7 +477,7 @@ impl Report {
             )
         };
         let rss_per_session = m.server_rss_kb as f64 / self.nodes as f64;
-        let rows: Vec<(String, String, &str)> = vec![
+        let rows: Vec<Row<'_>> = vec![
             (
                 "joins".into(),
                 format!(
@@ -645,17 +565,7 @@ impl Report {
             self.fd_limit
         )?;
         writeln!(out)?;
-        let width = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
-        let value_width = rows.iter().map(|r| r.1.len()).max().unwrap_or(0);
-        writeln!(
-            out,
-            "{:width$}  {:value_width$}  raw limit on this machine kind (shared/notes/performance.md)",
-            "measure", "result"
-        )?;
-        writeln!(out, "{}", "-".repeat(width + value_width + 64))?;
-        for (name, value, limit) in &rows {
-            writeln!(out, "{name:width$}  {value:value_width$}  {limit}")?;
-        }
+        bench::write_table(&mut out, &rows)?;
         writeln!(out)?;
         writeln!(out, "fleet: {}", m.progress)?;
         if !m.failures.is_empty() {
@@ -670,383 +580,15 @@ impl Report {
     }
 }
 
-/// The GraphQL API of the child server, as the benchmark's admin.
-struct Api {
-    client: reqwest::Client,
-    url: String,
-    token: String,
-}
-
-impl Api {
-    fn new(url: String, token: String) -> anyhow::Result<Api> {
-        Ok(Api {
-            client: reqwest::Client::builder()
-                .timeout(REQUEST_TIMEOUT)
-                .build()?,
-            url,
-            token,
-        })
-    }
-
-    /// The whole response body.
-    async fn query(&self, query: &str, variables: Value) -> anyhow::Result<Value> {
-        let response = self
-            .client
-            .post(format!("{}/graphql", self.url))
-            .bearer_auth(&self.token)
-            .json(&json!({ "query": query, "variables": variables }))
-            .send()
-            .await?;
-        Ok(response.json().await?)
-    }
-
-    /// `data`, or the errors as an error.
-    async fn data(&self, query: &str, variables: Value) -> anyhow::Result<Value> {
-        let body = self.query(query, variables).await?;
-        if body.get("errors").is_some_and(|e| !e.is_null()) {
-            bail!("GraphQL errors: {}", body["errors"]);
-        }
-        Ok(body["data"].clone())
-    }
-
-    /// Every sample of `/metrics`, summed over labels, by metric name.
-    async fn metrics(&self) -> anyhow::Result<Metrics> {
-        let text = self
-            .client
-            .get(format!("{}/metrics", self.url))
-            .send()
-            .await?
-            .error_for_status()?
-            .text()
-            .await?;
-        Ok(Metrics::parse(&text))
-    }
-}
-
-struct Metrics(std::collections::BTreeMap<String, f64>);
-
-impl Metrics {
-    fn parse(text: &str) -> Metrics {
-        let mut sums = std::collections::BTreeMap::new();
-        for line in text.lines().filter(|l| !l.starts_with('#')) {
-            let Some((series, value)) = line.rsplit_once(' ') else {
-                continue;
-            };
-            let name = series.split('{').next().unwrap_or(series);
-            if let Ok(value) = value.parse::<f64>() {
-                *sums.entry(name.to_owned()).or_insert(0.0) += value;
-            }
-        }
-        Metrics(sums)
-    }
-
-    fn get(&self, name: &str) -> Option<f64> {
-        self.0.get(name).copied()
-    }
-}
-
-/// The server as a child process.
-struct Server {
-    child: Child,
-    bin: PathBuf,
-    env: Vec<(String, String)>,
-    api_port: u16,
-    gateway_port: u16,
-    log: PathBuf,
-}
-
-impl Server {
-    async fn start(
-        bin: &Path,
-        dir: &Path,
-        database_url: Option<&str>,
-        log_filter: &str,
-    ) -> anyhow::Result<Server> {
-        let (api_port, gateway_port) = free_ports()?;
-        let mut env = vec![
-            ("BC_LISTEN".to_owned(), format!("127.0.0.1:{api_port}")),
-            (
-                "BC_GATEWAY__LISTEN".to_owned(),
-                format!("127.0.0.1:{gateway_port}"),
-            ),
-            (
-                "BC_DATA_DIR".to_owned(),
-                dir.join("data").display().to_string(),
-            ),
-            (
-                "BC_AUTH__JWT_SECRET".to_owned(),
-                hex::encode(rand::random::<[u8; 32]>()),
-            ),
-            ("BC_LOG__FILTER".to_owned(), log_filter.to_owned()),
-        ];
-        if let Some(url) = database_url {
-            env.push(("DATABASE_URL".to_owned(), url.to_owned()));
-        }
-        let log = dir.join("server.log");
-        let log_file = std::fs::File::create(&log)?;
-        let child = server_command(bin, &env)
-            .arg("serve")
-            .stdout(Stdio::from(log_file.try_clone()?))
-            .stderr(Stdio::from(log_file))
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("starting {}", bin.display()))?;
-        let mut server = Server {
-            child,
-            bin: bin.to_owned(),
-            env,
-            api_port,
-            gateway_port,
-            log,
-        };
-        server.wait_ready().await?;
-        tracing::info!(api = %server.api_url(), gateway = %server.gateway_url(), pid = server.pid(), "server ready");
-        Ok(server)
-    }
-
-    async fn wait_ready(&mut self) -> anyhow::Result<()> {
-        let client = reqwest::Client::builder()
-            .timeout(POLL_INTERVAL * 10)
-            .build()?;
-        let deadline = Instant::now() + SERVER_READY_TIMEOUT;
-        loop {
-            if let Some(status) = self.child.try_wait()? {
-                bail!(
-                    "the server exited with {status}; its log ends with:\n{}",
-                    self.log_tail()
-                );
-            }
-            let api_up = client
-                .get(format!("{}/readyz", self.api_url()))
-                .send()
-                .await
-                .is_ok_and(|r| r.status().is_success());
-            let gateway_up = tokio::net::TcpStream::connect(("127.0.0.1", self.gateway_port))
-                .await
-                .is_ok();
-            if api_up && gateway_up {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                bail!(
-                    "the server was not ready within {SERVER_READY_TIMEOUT:?}; its log ends with:\n{}",
-                    self.log_tail()
-                );
-            }
-            tokio::time::sleep(POLL_INTERVAL).await;
-        }
-    }
-
-    /// `better-compute token` with the server's configuration (so the same secret).
-    async fn admin_token(&self, log_filter: &str) -> anyhow::Result<String> {
-        let output = server_command(&self.bin, &self.env)
-            .env("BC_LOG__FILTER", log_filter)
-            .args([
-                "token",
-                "--subject",
-                "bench",
-                "--role",
-                "admin",
-                "--hours",
-                ADMIN_TOKEN_HOURS,
-            ])
-            .output()
-            .await?;
-        ensure!(
-            output.status.success(),
-            "better-compute token failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let token = String::from_utf8(output.stdout)?.trim().to_owned();
-        ensure!(!token.is_empty(), "better-compute token printed nothing");
-        Ok(token)
-    }
-
-    fn api_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.api_port)
-    }
-
-    fn gateway_url(&self) -> String {
-        format!("https://127.0.0.1:{}", self.gateway_port)
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id().unwrap_or_default()
-    }
-
-    fn exited(&self) -> bool {
-        !Path::new(&format!("/proc/{}", self.pid())).exists()
-    }
-
-    fn log_tail(&self) -> String {
-        const TAIL_LINES: usize = 30;
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(TAIL_LINES)..].join("\n")
-    }
-
-    /// SIGTERM, then SIGKILL if it does not stop in time.
-    async fn stop(&mut self) -> anyhow::Result<()> {
-        if let Some(pid) = self.child.id() {
-            let _ = Command::new("kill")
-                .args(["-TERM", &pid.to_string()])
-                .status()
-                .await;
-            match tokio::time::timeout(CHILD_STOP_TIMEOUT, self.child.wait()).await {
-                Ok(status) => {
-                    let status = status?;
-                    if !status.success() {
-                        tracing::warn!(%status, "the server did not exit cleanly");
-                    }
-                }
-                Err(_) => {
-                    tracing::warn!(
-                        "the server did not stop within {CHILD_STOP_TIMEOUT:?}; killing it"
-                    );
-                    self.child.kill().await?;
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-/// The server binary with only the benchmark's configuration: no `BC_…`, `DATABASE_URL`
-/// or `RUST_LOG` from the caller's environment.
-fn server_command(bin: &Path, env: &[(String, String)]) -> Command {
-    let mut command = Command::new(bin);
-    for (key, _) in std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v))) {
-        if key.starts_with("BC_") || key == "DATABASE_URL" || key == "RUST_LOG" {
-            command.env_remove(key);
-        }
-    }
-    command.envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-    command
-}
-
-fn server_binary(given: Option<&Path>) -> anyhow::Result<PathBuf> {
-    let path = match given {
-        Some(path) => path.to_owned(),
-        None => std::env::current_exe()?
-            .parent()
-            .context("the benchmark's directory")?
-            .join("better-compute"),
-    };
-    ensure!(
-        path.is_file(),
-        "no server binary at {}: build it first (`cargo build --release -p bc-cli`) or set BC_SERVER_BIN",
-        path.display()
-    );
-    Ok(path)
-}
-
-/// Two free loopback ports: bound together (so they differ), then released for the server.
-fn free_ports() -> anyhow::Result<(u16, u16)> {
-    let a = std::net::TcpListener::bind("127.0.0.1:0")?;
-    let b = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok((a.local_addr()?.port(), b.local_addr()?.port()))
-}
-
-/// A database URL whose host is on this machine.
-fn is_loopback_database(url: &str) -> bool {
-    if url.starts_with("sqlite:") {
-        return true;
-    }
-    let Some((_, rest)) = url.split_once("://") else {
-        return false;
-    };
-    let authority = rest.split(['/', '?']).next().unwrap_or_default();
-    let host_port = authority
-        .rsplit_once('@')
-        .map_or(authority, |(_, host)| host);
-    let host = if let Some(v6) = host_port.strip_prefix('[') {
-        v6.split(']').next().unwrap_or_default()
-    } else {
-        host_port.split(':').next().unwrap_or_default()
-    };
-    matches!(host, "" | "127.0.0.1" | "localhost" | "::1")
-}
-
-/// utime + stime of a process, in clock ticks, from `/proc/<pid>/stat`.
-fn cpu_ticks(stat_path: &str) -> anyhow::Result<f64> {
-    let stat =
-        std::fs::read_to_string(stat_path).with_context(|| format!("reading {stat_path}"))?;
-    // The command name (field 2) may hold spaces; the fields after its closing parenthesis
-    // start with field 3 (state), so utime (14) and stime (15) are the 12th and 13th.
-    let after = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest)
-        .context("a /proc stat line")?;
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let field = |i: usize| -> anyhow::Result<f64> {
-        Ok(fields
-            .get(i)
-            .context("a short /proc stat line")?
-            .parse::<f64>()?)
-    };
-    Ok(field(11)? + field(12)?)
-}
-
-/// VmRSS and VmHWM of a process, in kB.
-fn memory_kb(pid: u32) -> anyhow::Result<(u64, u64)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let field = |name: &str| -> u64 {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|rest| rest.split_whitespace().next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_default()
-    };
-    Ok((field("VmRSS:"), field("VmHWM:")))
-}
-
-async fn clock_ticks_per_second() -> f64 {
-    match Command::new("getconf").arg("CLK_TCK").output().await {
-        Ok(output) => String::from_utf8_lossy(&output.stdout)
-            .trim()
-            .parse()
-            .unwrap_or(DEFAULT_CLK_TCK),
-        Err(_) => DEFAULT_CLK_TCK,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn only_loopback_databases_are_accepted() {
-        assert!(is_loopback_database(
-            "postgres://postgres@127.0.0.1:5432/bench"
-        ));
-        assert!(is_loopback_database("postgres://u:p@localhost/bench"));
-        assert!(is_loopback_database("postgres://[::1]:5432/x"));
-        assert!(is_loopback_database("sqlite:///tmp/x.db?mode=rwc"));
-        assert!(!is_loopback_database("postgres://u@10.0.0.5:5432/x"));
-        assert!(!is_loopback_database("postgres://db.example.com/x"));
-    }
-
-    #[test]
-    fn metrics_are_summed_over_labels_and_quantiles_are_nearest_rank() {
-        let metrics = Metrics::parse("# TYPE a counter\na{x=\"1\"} 2\na{x=\"2\"} 3\nb 7\n");
-        assert_eq!(metrics.get("a"), Some(5.0));
-        assert_eq!(metrics.get("b"), Some(7.0));
-        assert_eq!(metrics.get("c"), None);
+    fn latency_quantiles_are_nearest_rank() {
         let latencies = Latencies((1..=100).map(Duration::from_millis).collect());
         assert_eq!(latencies.quantile(0.5), Some(Duration::from_millis(50)));
         assert_eq!(latencies.quantile(0.99), Some(Duration::from_millis(99)));
         assert_eq!(Latencies::default().quantile(0.5), None);
-    }
-
-    #[test]
-    fn cpu_ticks_read_past_a_command_with_spaces() {
-        let dir = tempfile::tempdir().expect("a temp dir");
-        let path = dir.path().join("stat");
-        std::fs::write(&path, "42 (a b) S 1 2 3 4 5 6 7 8 9 10 250 50 0 0").expect("write");
-        assert_eq!(
-            cpu_ticks(&path.display().to_string()).expect("ticks"),
-            300.0
-        );
     }
 }

@@ -15,13 +15,13 @@
 //! Everything talks to 127.0.0.1 only; every loop is bounded; the child is stopped on exit.
 //!
 //! ```text
-//! cargo build --release -p better-compute -p bc-testing
+//! cargo build --release -p bc-cli -p bc-testing
 //! target/release/subscription-bench --subscribers 1000
 //! target/release/subscription-bench --subscribers 10000
 //! ```
 
 use anyhow::{Context, bail, ensure};
-use bc_testing::server::{Backend, TestDatabase};
+use bc_testing::bench::{self, Api, BenchDatabase, PROGRESS_EVERY, Row, Server, ServerArgs};
 use bc_testing::subscription::{ConnectOptions, SubscriptionClient};
 use better_compute::auth::{Role, TokenKeys};
 use clap::Parser;
@@ -29,33 +29,21 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::{ExitCode, Stdio};
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
-use tokio::process::{Child, Command};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-/// How long the server may take to migrate its database and listen.
-const SERVER_READY_TIMEOUT: Duration = Duration::from_secs(60);
-/// How often readiness and delivery progress are polled.
+/// How often delivery progress is polled.
 const POLL_INTERVAL: Duration = Duration::from_millis(10);
-/// How often progress is logged while waiting.
-const PROGRESS_EVERY: Duration = Duration::from_secs(5);
-/// How long the server gets to stop after SIGTERM before it is killed.
-const CHILD_STOP_TIMEOUT: Duration = Duration::from_secs(15);
 /// How long a GraphQL request of the benchmark may take before it counts as failed.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
-/// How long the tokens the benchmark mints live.
-const TOKEN_TTL_HOURS: i64 = 4;
 /// The audience tokens carry (the server's default).
 const AUDIENCE: &str = "better-compute";
 /// File descriptors the benchmark wants beyond one per subscriber.
 const SPARE_FDS: u64 = 512;
-/// Clock ticks per second when `getconf CLK_TCK` cannot say (Linux's value everywhere).
-const DEFAULT_CLK_TCK: f64 = 100.0;
 /// A receipt slot nobody filled.
 const NOT_RECEIVED: u32 = u32::MAX;
 
@@ -102,26 +90,13 @@ struct Args {
     /// postgres://postgres@127.0.0.1:5432/postgres), dropped afterwards.
     #[arg(long)]
     postgres: bool,
-    /// The `better-compute` binary. Default: next to this one.
-    #[arg(long, env = "BC_SERVER_BIN")]
-    server_bin: Option<PathBuf>,
-    /// The server's log filter (its log goes to server.log in the temporary directory).
-    #[arg(long, default_value = "warn")]
-    server_log: String,
-    /// Keep the temporary directory (database, server.log) and print where it is.
-    #[arg(long)]
-    keep: bool,
+    #[command(flatten)]
+    server: ServerArgs,
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,subscription_bench=info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    bench::init(module_path!());
     let args = Args::parse();
     match run(args).await {
         Ok(()) => ExitCode::SUCCESS,
@@ -142,7 +117,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         args.connect_concurrency > 0 && args.burst_concurrency > 0,
         "--connect-concurrency and --burst-concurrency must be at least 1"
     );
-    let server_bin = server_binary(args.server_bin.as_deref())?;
+    let server_bin = bench::server_binary(args.server.server_bin.as_deref())?;
     // Raised before the server starts, so the child inherits it too.
     let fd_limit = rlimit::increase_nofile_limit(u64::MAX).context("raising RLIMIT_NOFILE")?;
     ensure!(
@@ -154,43 +129,17 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let dir = tempfile::Builder::new()
         .prefix("subscription-bench-")
         .tempdir()?;
-    let database = if args.postgres {
-        Some(TestDatabase::create(Backend::Postgres).await?)
-    } else {
-        None
-    };
-    let backend_name = if args.postgres {
-        "PostgreSQL (fresh database)"
-    } else {
-        "SQLite (fresh file)"
-    };
-    let secret = hex::encode(rand::random::<[u8; 32]>());
+    let database = BenchDatabase::prepare(args.postgres, None).await?;
 
-    let mut server = Server::start(
+    let server = Server::start(
         &server_bin,
         dir.path(),
-        database.as_ref().map(|d| d.url.as_str()),
-        &args.server_log,
-        &secret,
+        database.url(),
+        &args.server.server_log,
     )
     .await?;
-    let outcome = bench(&args, &server, &secret, backend_name, fd_limit).await;
-    let stopped = server.stop().await;
-    if let Some(database) = database {
-        database
-            .drop_database()
-            .await
-            .context("dropping the benchmark database")?;
-    }
-    if args.keep {
-        let kept = dir.keep();
-        tracing::info!(dir = %kept.display(), "kept the temporary directory");
-    }
-    if outcome.is_err() {
-        tracing::error!("the server's log ends with:\n{}", server.log_tail());
-    }
-    outcome?;
-    stopped
+    let outcome = run_bench(&args, &server, database.description(), fd_limit).await;
+    bench::finish(server, database, dir, args.server.keep, outcome).await
 }
 
 /// One planned mutation: which node, cordon or uncordon, and the version it leaves.
@@ -217,20 +166,19 @@ struct Seen {
     error: Option<String>,
 }
 
-async fn bench(
+async fn run_bench(
     args: &Args,
     server: &Server,
-    secret: &str,
     backend_name: &str,
     fd_limit: u64,
 ) -> anyhow::Result<()> {
-    let keys = TokenKeys::new(secret.as_bytes(), AUDIENCE)?;
+    let keys = TokenKeys::new(server.jwt_secret().as_bytes(), AUDIENCE)?;
     let now = chrono::Utc::now();
-    let ttl = chrono::Duration::hours(TOKEN_TTL_HOURS);
+    let ttl = chrono::Duration::hours(bench::TOKEN_HOURS);
     let admin = keys.mint("subscription-bench", &[Role::Admin], None, ttl, now)?;
     let viewer = keys.mint("subscription-bench-viewer", &[Role::Viewer], None, ttl, now)?;
-    let api = Api::new(server.api_url(), admin)?;
-    let clk_tck = clock_ticks_per_second().await;
+    let api = Api::new(server.api_url(), admin, REQUEST_TIMEOUT)?;
+    let clk_tck = bench::clock_ticks_per_second().await;
 
     // The nodes the mutations change, and the plan: node i % nodes, cordon and uncordon in
     // turn. Mutation 0 is the barrier that shows every subscription is live.
@@ -268,7 +216,7 @@ async fn bench(
 
     // Subscribers connect (bounded concurrency) and subscribe after the setup's last event.
     let epoch = Instant::now();
-    let rss_before = memory_kb(server.pid())?;
+    let rss_before = server.memory()?.rss_kb;
     let received = Arc::new(AtomicU64::new(0));
     let (stop_tx, stop_rx) = watch::channel(false);
     let (ready_tx, mut ready_rx) = tokio::sync::mpsc::channel::<
@@ -359,7 +307,7 @@ async fn bench(
             server,
         )
         .await?;
-        let rss_after = memory_kb(server.pid())?;
+        let rss_after = server.memory()?.rss_kb;
         tracing::info!("every subscription is live; the paced phase starts");
 
         let mut phases = Vec::new();
@@ -378,8 +326,8 @@ async fn bench(
                 None,
             ),
         ] {
-            let cpu_before = cpu_ticks(&format!("/proc/{}/stat", server.pid()))?;
-            let own_cpu_before = cpu_ticks("/proc/self/stat")?;
+            let cpu_before = server.cpu_ticks()?;
+            let own_cpu_before = bench::own_cpu_ticks()?;
             let started = Instant::now();
             let mut ticker = pace.map(|p| {
                 let mut ticker = tokio::time::interval(p);
@@ -425,8 +373,8 @@ async fn bench(
             )
             .await;
             let elapsed = started.elapsed();
-            let cpu = (cpu_ticks(&format!("/proc/{}/stat", server.pid()))? - cpu_before) / clk_tck;
-            let own_cpu = (cpu_ticks("/proc/self/stat")? - own_cpu_before) / clk_tck;
+            let cpu = (server.cpu_ticks()? - cpu_before) / clk_tck;
+            let own_cpu = (bench::own_cpu_ticks()? - own_cpu_before) / clk_tck;
             if let Err(err) = &delivered {
                 tracing::warn!("{name}: {err:#}");
             }
@@ -456,9 +404,9 @@ async fn bench(
             nodes: args.nodes,
             fd_limit,
             connect_took,
-            rss_before_kb: rss_before.0,
-            rss_after_kb: rss_after.0,
-            peak_rss_kb: memory_kb(server.pid())?.1,
+            rss_before_kb: rss_before,
+            rss_after_kb: rss_after,
+            peak_rss_kb: server.memory()?.peak_rss_kb,
             sent,
             phases,
             seen,
@@ -475,26 +423,9 @@ async fn bench(
     outcome
 }
 
-/// The site, pool and `count` enrolled nodes: their ids and versions.
+/// The site, the pool and `count` nodes enrolled in it: the nodes' ids and versions.
 async fn setup(api: &Api, count: usize) -> anyhow::Result<(Vec<String>, Vec<i64>)> {
-    let site = api
-        .data(
-            "mutation { createSite(input: {name: \"bench\", kind: PLATFORM}) { id } }",
-            json!({}),
-        )
-        .await?["createSite"]["id"]
-        .as_str()
-        .context("createSite returned no id")?
-        .to_owned();
-    let pool = api
-        .data(
-            "mutation($site: ID!) { createPool(input: {siteId: $site, name: \"bench\", kind: METAL_HOST, expectedGpuCount: 8}) { id } }",
-            json!({ "site": site }),
-        )
-        .await?["createPool"]["id"]
-        .as_str()
-        .context("createPool returned no id")?
-        .to_owned();
+    let (site, pool) = api.create_site_and_pool().await?;
     let mut ids = Vec::with_capacity(count);
     let mut versions = Vec::with_capacity(count);
     for i in 0..count {
@@ -735,18 +666,12 @@ struct Quantiles {
 }
 
 fn quantiles(samples: &mut [u32]) -> Option<Quantiles> {
-    if samples.is_empty() {
-        return None;
-    }
     samples.sort_unstable();
-    let at = |q: f64| {
-        let rank = ((q * samples.len() as f64).ceil() as usize).clamp(1, samples.len());
-        f64::from(samples[rank - 1]) / 1000.0
-    };
+    let millis = |q: f64| bench::nearest_rank(samples, q).map(|us| f64::from(us) / 1000.0);
     Some(Quantiles {
-        p50: at(0.5),
-        p99: at(0.99),
-        max: f64::from(samples[samples.len() - 1]) / 1000.0,
+        p50: millis(0.5)?,
+        p99: millis(0.99)?,
+        max: millis(1.0)?,
     })
 }
 
@@ -760,7 +685,7 @@ fn describe(q: Option<Quantiles>) -> String {
 impl Report {
     fn print(&self) -> std::io::Result<()> {
         let n = self.subscribers as f64;
-        let mut rows: Vec<(String, String, &str)> = vec![
+        let mut rows: Vec<Row<'_>> = vec![
             (
                 "connect + subscribe".into(),
                 format!(
@@ -893,17 +818,7 @@ impl Report {
             self.fd_limit
         )?;
         writeln!(out)?;
-        let width = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
-        let value_width = rows.iter().map(|r| r.1.len()).max().unwrap_or(0);
-        writeln!(
-            out,
-            "{:width$}  {:value_width$}  raw limit on this machine kind (shared/notes/performance.md)",
-            "measure", "result"
-        )?;
-        writeln!(out, "{}", "-".repeat(width + value_width + 64))?;
-        for (name, value, limit) in &rows {
-            writeln!(out, "{name:width$}  {value:value_width$}  {limit}")?;
-        }
+        bench::write_table(&mut out, &rows)?;
         if let Some(first) = errors.first() {
             writeln!(out)?;
             writeln!(
@@ -913,244 +828,6 @@ impl Report {
             )?;
         }
         Ok(())
-    }
-}
-
-/// The GraphQL API of the child server, as the benchmark's admin.
-struct Api {
-    client: reqwest::Client,
-    url: String,
-    token: String,
-}
-
-impl Api {
-    fn new(url: String, token: String) -> anyhow::Result<Api> {
-        Ok(Api {
-            client: reqwest::Client::builder()
-                .timeout(REQUEST_TIMEOUT)
-                .build()?,
-            url,
-            token,
-        })
-    }
-
-    /// `data`, or the errors as an error.
-    async fn data(&self, query: &str, variables: Value) -> anyhow::Result<Value> {
-        let body: Value = self
-            .client
-            .post(format!("{}/graphql", self.url))
-            .bearer_auth(&self.token)
-            .json(&json!({ "query": query, "variables": variables }))
-            .send()
-            .await?
-            .json()
-            .await?;
-        if body.get("errors").is_some_and(|e| !e.is_null()) {
-            bail!("GraphQL errors: {}", body["errors"]);
-        }
-        Ok(body["data"].clone())
-    }
-}
-
-/// The server as a child process.
-struct Server {
-    child: Child,
-    api_port: u16,
-    log: PathBuf,
-}
-
-impl Server {
-    async fn start(
-        bin: &Path,
-        dir: &Path,
-        database_url: Option<&str>,
-        log_filter: &str,
-        secret: &str,
-    ) -> anyhow::Result<Server> {
-        let (api_port, gateway_port) = free_ports()?;
-        let mut env = vec![
-            ("BC_LISTEN".to_owned(), format!("127.0.0.1:{api_port}")),
-            (
-                "BC_GATEWAY__LISTEN".to_owned(),
-                format!("127.0.0.1:{gateway_port}"),
-            ),
-            (
-                "BC_DATA_DIR".to_owned(),
-                dir.join("data").display().to_string(),
-            ),
-            ("BC_AUTH__JWT_SECRET".to_owned(), secret.to_owned()),
-            ("BC_LOG__FILTER".to_owned(), log_filter.to_owned()),
-        ];
-        if let Some(url) = database_url {
-            env.push(("DATABASE_URL".to_owned(), url.to_owned()));
-        }
-        let log = dir.join("server.log");
-        let log_file = std::fs::File::create(&log)?;
-        let mut command = Command::new(bin);
-        // Only the benchmark's configuration: no `BC_…`, `DATABASE_URL` or `RUST_LOG` from
-        // the caller's environment.
-        for (key, _) in std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v))) {
-            if key.starts_with("BC_") || key == "DATABASE_URL" || key == "RUST_LOG" {
-                command.env_remove(key);
-            }
-        }
-        let child = command
-            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .arg("serve")
-            .stdout(Stdio::from(log_file.try_clone()?))
-            .stderr(Stdio::from(log_file))
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("starting {}", bin.display()))?;
-        let mut server = Server {
-            child,
-            api_port,
-            log,
-        };
-        server.wait_ready().await?;
-        tracing::info!(api = %server.api_url(), pid = server.pid(), "server ready");
-        Ok(server)
-    }
-
-    async fn wait_ready(&mut self) -> anyhow::Result<()> {
-        let client = reqwest::Client::builder()
-            .timeout(Duration::from_secs(1))
-            .build()?;
-        let deadline = Instant::now() + SERVER_READY_TIMEOUT;
-        loop {
-            if let Some(status) = self.child.try_wait()? {
-                bail!(
-                    "the server exited with {status}; its log ends with:\n{}",
-                    self.log_tail()
-                );
-            }
-            if client
-                .get(format!("{}/readyz", self.api_url()))
-                .send()
-                .await
-                .is_ok_and(|r| r.status().is_success())
-            {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                bail!(
-                    "the server was not ready within {SERVER_READY_TIMEOUT:?}; its log ends with:\n{}",
-                    self.log_tail()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    fn api_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.api_port)
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id().unwrap_or_default()
-    }
-
-    fn exited(&self) -> bool {
-        !Path::new(&format!("/proc/{}", self.pid())).exists()
-    }
-
-    fn log_tail(&self) -> String {
-        const TAIL_LINES: usize = 30;
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(TAIL_LINES)..].join("\n")
-    }
-
-    /// SIGTERM, then SIGKILL if it does not stop in time.
-    async fn stop(&mut self) -> anyhow::Result<()> {
-        if let Some(pid) = self.child.id() {
-            let _ = Command::new("kill")
-                .args(["-TERM", &pid.to_string()])
-                .status()
-                .await;
-            match tokio::time::timeout(CHILD_STOP_TIMEOUT, self.child.wait()).await {
-                Ok(status) => {
-                    let status = status?;
-                    if !status.success() {
-                        tracing::warn!(%status, "the server did not exit cleanly");
-                    }
-                }
-                Err(_) => {
-                    tracing::warn!(
-                        "the server did not stop within {CHILD_STOP_TIMEOUT:?}; killing it"
-                    );
-                    self.child.kill().await?;
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-fn server_binary(given: Option<&Path>) -> anyhow::Result<PathBuf> {
-    let path = match given {
-        Some(path) => path.to_owned(),
-        None => std::env::current_exe()?
-            .parent()
-            .context("the benchmark's directory")?
-            .join("better-compute"),
-    };
-    ensure!(
-        path.is_file(),
-        "no server binary at {}: build it first (`cargo build --release -p better-compute`) or set BC_SERVER_BIN",
-        path.display()
-    );
-    Ok(path)
-}
-
-/// Two free loopback ports: bound together (so they differ), then released for the server.
-fn free_ports() -> anyhow::Result<(u16, u16)> {
-    let a = std::net::TcpListener::bind("127.0.0.1:0")?;
-    let b = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok((a.local_addr()?.port(), b.local_addr()?.port()))
-}
-
-/// utime + stime of a process, in clock ticks, from `/proc/<pid>/stat`.
-fn cpu_ticks(stat_path: &str) -> anyhow::Result<f64> {
-    let stat =
-        std::fs::read_to_string(stat_path).with_context(|| format!("reading {stat_path}"))?;
-    // The command name (field 2) may hold spaces; the fields after its closing parenthesis
-    // start with field 3 (state), so utime (14) and stime (15) are the 12th and 13th.
-    let after = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest)
-        .context("a /proc stat line")?;
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let field = |i: usize| -> anyhow::Result<f64> {
-        Ok(fields
-            .get(i)
-            .context("a short /proc stat line")?
-            .parse::<f64>()?)
-    };
-    Ok(field(11)? + field(12)?)
-}
-
-/// VmRSS and VmHWM of a process, in kB.
-fn memory_kb(pid: u32) -> anyhow::Result<(u64, u64)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let field = |name: &str| -> u64 {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|rest| rest.split_whitespace().next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_default()
-    };
-    Ok((field("VmRSS:"), field("VmHWM:")))
-}
-
-async fn clock_ticks_per_second() -> f64 {
-    match Command::new("getconf").arg("CLK_TCK").output().await {
-        Ok(output) => String::from_utf8_lossy(&output.stdout)
-            .trim()
-            .parse()
-            .unwrap_or(DEFAULT_CLK_TCK),
-        Err(_) => DEFAULT_CLK_TCK,
     }
 }
 

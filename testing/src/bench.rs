@@ -1,0 +1,742 @@
+//! The support code of the benchmarks (`fleet-bench` and `subscription-bench`): the
+//! `better-compute` binary as a child process on loopback ports ([`Server`]), the database it
+//! runs on ([`BenchDatabase`]), its GraphQL API and `/metrics` ([`Api`]), a process's CPU and
+//! memory from `/proc`, nearest-rank quantiles, and the table the results are printed in.
+//!
+//! Everything here talks to 127.0.0.1 only, every wait is bounded, and the child is stopped
+//! (or killed on drop) when the benchmark ends.
+
+use crate::daemon::DaemonKnobs;
+use crate::server::{Backend, TestDatabase};
+use anyhow::{Context, bail, ensure};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+use tempfile::TempDir;
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+
+/// How long the server may take to migrate its database and listen: migrating a fresh
+/// database takes seconds even on a shared machine, so a minute catches only a server that
+/// hangs.
+const SERVER_READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// How often the server's readiness is polled: often enough to add little to the start-up,
+/// rarely enough not to load the server while it migrates.
+const READY_POLL_INTERVAL: Duration = Duration::from_millis(100);
+/// How long one readiness probe may take: a server that is up answers `/readyz` in
+/// milliseconds, and a hung probe must not eat the whole `SERVER_READY_TIMEOUT`.
+const READY_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long the server gets to stop after SIGTERM before it is killed: long enough for a
+/// graceful shutdown (closing its sessions and subscriptions) under load, short enough not
+/// to hold up the benchmark's exit.
+const CHILD_STOP_TIMEOUT: Duration = Duration::from_secs(15);
+/// How many lines of the server's log an error quotes: enough for the panic or the last
+/// errors, few enough to read on a terminal.
+const LOG_TAIL_LINES: usize = 30;
+/// Clock ticks per second when `getconf CLK_TCK` cannot say: Linux's `USER_HZ`, which is 100
+/// on every architecture the benchmarks run on.
+const DEFAULT_CLK_TCK: f64 = 100.0;
+/// The heading of the results table's last column; the separator line is sized from it.
+const LIMIT_HEADING: &str = "raw limit on this machine kind (shared/notes/performance.md)";
+/// The space between two columns of the results table.
+const COLUMN_GAP: &str = "  ";
+
+/// How long the tokens a benchmark mints live: longer than the longest run, so that no
+/// request of a benchmark fails because its token expired.
+pub const TOKEN_HOURS: i64 = 4;
+/// How often a benchmark logs its progress while it waits: often enough to show it is
+/// alive, rarely enough to keep the log readable.
+pub const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
+/// Logs to standard error (`warn`, and `info` for the benchmark named by `own_target`, the
+/// binary's `module_path!()`, and for this module) unless `RUST_LOG` says otherwise, and
+/// installs ring as the process's TLS provider, which the HTTP clients and the simulated
+/// daemons need.
+pub fn init(own_target: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(format!(
+            "warn,{own_target}=info,{}=info",
+            module_path!()
+        ))
+    });
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    // Another provider installed first is as good: the error says only that one is.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// The options of the server a benchmark starts, the same in every benchmark's command line
+/// (`#[command(flatten)]`).
+#[derive(Debug, clap::Args)]
+pub struct ServerArgs {
+    /// The `better-compute` binary. Default: next to this one.
+    #[arg(long, env = "BC_SERVER_BIN")]
+    pub server_bin: Option<PathBuf>,
+    /// The server's log filter (its log goes to server.log in the temporary directory).
+    #[arg(long, default_value = "warn")]
+    pub server_log: String,
+    /// Keep the temporary directory (database, server.log) and print where it is.
+    #[arg(long)]
+    pub keep: bool,
+}
+
+/// The `better-compute` binary: `given`, or the one next to the running benchmark.
+pub fn server_binary(given: Option<&Path>) -> anyhow::Result<PathBuf> {
+    let path = match given {
+        Some(path) => path.to_owned(),
+        None => std::env::current_exe()?
+            .parent()
+            .context("the benchmark's directory")?
+            .join("better-compute"),
+    };
+    ensure!(
+        path.is_file(),
+        "no server binary at {}: build it first (`cargo build --release -p bc-cli`) or set BC_SERVER_BIN",
+        path.display()
+    );
+    Ok(path)
+}
+
+/// The database a benchmark runs on: a fresh PostgreSQL database (dropped afterwards), a
+/// given one on this machine, or, when neither, a fresh SQLite file the server creates in its
+/// data directory.
+pub struct BenchDatabase {
+    fresh: Option<TestDatabase>,
+    url: Option<String>,
+    description: &'static str,
+}
+
+impl BenchDatabase {
+    /// A fresh PostgreSQL database with `postgres`, else `given` (which must be on this
+    /// machine), else the server's own SQLite file.
+    pub async fn prepare(postgres: bool, given: Option<&str>) -> anyhow::Result<BenchDatabase> {
+        if let Some(url) = given {
+            ensure!(
+                !postgres,
+                "a fresh PostgreSQL database and a given database exclude each other"
+            );
+            ensure!(
+                is_loopback_database(url),
+                "--database-url must point at 127.0.0.1, localhost or a local socket"
+            );
+            return Ok(BenchDatabase {
+                fresh: None,
+                url: Some(url.to_owned()),
+                description: "the given database",
+            });
+        }
+        if postgres {
+            let fresh = TestDatabase::create(Backend::Postgres).await?;
+            return Ok(BenchDatabase {
+                url: Some(fresh.url.clone()),
+                fresh: Some(fresh),
+                description: "PostgreSQL (fresh database)",
+            });
+        }
+        Ok(BenchDatabase {
+            fresh: None,
+            url: None,
+            description: "SQLite (fresh file)",
+        })
+    }
+
+    /// The `DATABASE_URL` the server gets, if any (none: its SQLite file).
+    pub fn url(&self) -> Option<&str> {
+        self.url.as_deref()
+    }
+
+    /// What the results say the benchmark ran on.
+    pub fn description(&self) -> &'static str {
+        self.description
+    }
+
+    /// Drops the database if the benchmark created it.
+    async fn drop_if_fresh(self) -> anyhow::Result<()> {
+        if let Some(fresh) = self.fresh {
+            fresh
+                .drop_database()
+                .await
+                .context("dropping the benchmark database")?;
+        }
+        Ok(())
+    }
+}
+
+/// Ends a benchmark run: stops the server, drops a fresh database, keeps the temporary
+/// directory if asked, and quotes the server's log if the run (`outcome`) failed. A failure
+/// to drop the database is returned at once; otherwise the run's error comes first, then the
+/// server's failure to stop.
+pub async fn finish(
+    mut server: Server,
+    database: BenchDatabase,
+    dir: TempDir,
+    keep: bool,
+    outcome: anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let stopped = server.stop().await;
+    database.drop_if_fresh().await?;
+    if keep {
+        let kept = dir.keep();
+        tracing::info!(dir = %kept.display(), "kept the temporary directory");
+    }
+    if outcome.is_err() {
+        tracing::error!("the server's log ends with:\n{}", server.log_tail());
+    }
+    outcome?;
+    stopped
+}
+
+/// A database URL whose host is on this machine.
+fn is_loopback_database(url: &str) -> bool {
+    if url.starts_with("sqlite:") {
+        return true;
+    }
+    let Some((_, rest)) = url.split_once("://") else {
+        return false;
+    };
+    let authority = rest.split(['/', '?']).next().unwrap_or_default();
+    let host_port = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host);
+    let host = if let Some(v6) = host_port.strip_prefix('[') {
+        v6.split(']').next().unwrap_or_default()
+    } else {
+        host_port.split(':').next().unwrap_or_default()
+    };
+    matches!(host, "" | "127.0.0.1" | "localhost" | "::1")
+}
+
+/// The server as a child process: its API and gateway on loopback ports it was given, a
+/// JWT secret of its own, and its log in `server.log` of the benchmark's directory.
+pub struct Server {
+    child: Child,
+    bin: PathBuf,
+    env: Vec<(String, String)>,
+    jwt_secret: String,
+    api_port: u16,
+    gateway_port: u16,
+    log: PathBuf,
+}
+
+impl Server {
+    /// Starts `better-compute serve` with its data and log in `dir`, on `database_url` (none:
+    /// a SQLite file in its data directory), logging with `log_filter`, and waits until both
+    /// its API and its gateway answer.
+    pub async fn start(
+        bin: &Path,
+        dir: &Path,
+        database_url: Option<&str>,
+        log_filter: &str,
+    ) -> anyhow::Result<Server> {
+        let (api_port, gateway_port) = free_ports()?;
+        let jwt_secret = hex::encode(rand::random::<[u8; 32]>());
+        let mut env = vec![
+            ("BC_LISTEN".to_owned(), format!("127.0.0.1:{api_port}")),
+            (
+                "BC_GATEWAY__LISTEN".to_owned(),
+                format!("127.0.0.1:{gateway_port}"),
+            ),
+            (
+                "BC_DATA_DIR".to_owned(),
+                dir.join("data").display().to_string(),
+            ),
+            ("BC_AUTH__JWT_SECRET".to_owned(), jwt_secret.clone()),
+            ("BC_LOG__FILTER".to_owned(), log_filter.to_owned()),
+        ];
+        if let Some(url) = database_url {
+            env.push(("DATABASE_URL".to_owned(), url.to_owned()));
+        }
+        let log = dir.join("server.log");
+        let log_file = std::fs::File::create(&log)?;
+        let child = server_command(bin, &env)
+            .arg("serve")
+            .stdout(Stdio::from(log_file.try_clone()?))
+            .stderr(Stdio::from(log_file))
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let mut server = Server {
+            child,
+            bin: bin.to_owned(),
+            env,
+            jwt_secret,
+            api_port,
+            gateway_port,
+            log,
+        };
+        server.wait_ready().await?;
+        tracing::info!(api = %server.api_url(), gateway = %server.gateway_url(), pid = server.pid(), "server ready");
+        Ok(server)
+    }
+
+    /// Waits until `/readyz` answers and the gateway accepts connections, at most
+    /// `SERVER_READY_TIMEOUT`; fails at once if the server exits.
+    async fn wait_ready(&mut self) -> anyhow::Result<()> {
+        let client = reqwest::Client::builder()
+            .timeout(READY_PROBE_TIMEOUT)
+            .build()?;
+        let deadline = Instant::now() + SERVER_READY_TIMEOUT;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                bail!(
+                    "the server exited with {status}; its log ends with:\n{}",
+                    self.log_tail()
+                );
+            }
+            let api_up = client
+                .get(format!("{}/readyz", self.api_url()))
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success());
+            let gateway_up = tokio::net::TcpStream::connect(("127.0.0.1", self.gateway_port))
+                .await
+                .is_ok();
+            if api_up && gateway_up {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "the server was not ready within {SERVER_READY_TIMEOUT:?}; its log ends with:\n{}",
+                    self.log_tail()
+                );
+            }
+            tokio::time::sleep(READY_POLL_INTERVAL).await;
+        }
+    }
+
+    /// An admin token from `better-compute token` with the server's configuration (so signed
+    /// with its secret, for its audience), living `TOKEN_HOURS`.
+    pub async fn admin_token(&self) -> anyhow::Result<String> {
+        let output = server_command(&self.bin, &self.env)
+            .args([
+                "token",
+                "--subject",
+                "bench",
+                "--role",
+                "admin",
+                "--hours",
+                &TOKEN_HOURS.to_string(),
+            ])
+            .output()
+            .await?;
+        ensure!(
+            output.status.success(),
+            "better-compute token failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let token = String::from_utf8(output.stdout)?.trim().to_owned();
+        ensure!(!token.is_empty(), "better-compute token printed nothing");
+        Ok(token)
+    }
+
+    /// The secret the server signs and checks tokens with, for minting tokens in-process.
+    pub fn jwt_secret(&self) -> &str {
+        &self.jwt_secret
+    }
+
+    pub fn api_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.api_port)
+    }
+
+    pub fn gateway_url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.gateway_port)
+    }
+
+    /// The server's process id (0 once it has been waited for).
+    pub fn pid(&self) -> u32 {
+        self.child.id().unwrap_or_default()
+    }
+
+    /// Whether the server's process is gone.
+    pub fn exited(&self) -> bool {
+        !Path::new(&format!("/proc/{}", self.pid())).exists()
+    }
+
+    /// The server's CPU time so far, in clock ticks (see [`clock_ticks_per_second`]).
+    pub fn cpu_ticks(&self) -> anyhow::Result<f64> {
+        cpu_ticks(&format!("/proc/{}/stat", self.pid()))
+    }
+
+    /// The server's memory now and at its peak.
+    pub fn memory(&self) -> anyhow::Result<Memory> {
+        memory(self.pid())
+    }
+
+    /// The last `LOG_TAIL_LINES` lines of the server's log.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join("\n")
+    }
+
+    /// SIGTERM, then SIGKILL if it does not stop within `CHILD_STOP_TIMEOUT`.
+    async fn stop(&mut self) -> anyhow::Result<()> {
+        if let Some(pid) = self.child.id() {
+            // If `kill` fails the server is gone already or the wait below times out and
+            // kills it, so its result adds nothing.
+            let _ = Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status()
+                .await;
+            match tokio::time::timeout(CHILD_STOP_TIMEOUT, self.child.wait()).await {
+                Ok(status) => {
+                    let status = status?;
+                    if !status.success() {
+                        tracing::warn!(%status, "the server did not exit cleanly");
+                    }
+                }
+                Err(_) => {
+                    tracing::warn!(
+                        "the server did not stop within {CHILD_STOP_TIMEOUT:?}; killing it"
+                    );
+                    self.child.kill().await?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The server binary with only the benchmark's configuration: no `BC_…`, `DATABASE_URL`
+/// or `RUST_LOG` from the caller's environment.
+fn server_command(bin: &Path, env: &[(String, String)]) -> Command {
+    let mut command = Command::new(bin);
+    for (key, _) in std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v))) {
+        if key.starts_with("BC_") || key == "DATABASE_URL" || key == "RUST_LOG" {
+            command.env_remove(key);
+        }
+    }
+    command.envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    command
+}
+
+/// Two free loopback ports: bound together (so they differ), then released for the server.
+fn free_ports() -> anyhow::Result<(u16, u16)> {
+    let a = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let b = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok((a.local_addr()?.port(), b.local_addr()?.port()))
+}
+
+/// The GraphQL API of the child server, as the bearer of one token.
+pub struct Api {
+    client: reqwest::Client,
+    url: String,
+    token: String,
+}
+
+impl Api {
+    /// The API at `url` (the server's [`Server::api_url`]) with `token`; a request taking
+    /// longer than `timeout` fails.
+    pub fn new(url: String, token: String, timeout: Duration) -> anyhow::Result<Api> {
+        Ok(Api {
+            client: reqwest::Client::builder().timeout(timeout).build()?,
+            url,
+            token,
+        })
+    }
+
+    /// The whole response body.
+    pub async fn query(&self, query: &str, variables: Value) -> anyhow::Result<Value> {
+        let response = self
+            .client
+            .post(format!("{}/graphql", self.url))
+            .bearer_auth(&self.token)
+            .json(&json!({ "query": query, "variables": variables }))
+            .send()
+            .await?;
+        Ok(response.json().await?)
+    }
+
+    /// `data`, or the errors as an error.
+    pub async fn data(&self, query: &str, variables: Value) -> anyhow::Result<Value> {
+        let body = self.query(query, variables).await?;
+        if body.get("errors").is_some_and(|e| !e.is_null()) {
+            bail!("GraphQL errors: {}", body["errors"]);
+        }
+        Ok(body["data"].clone())
+    }
+
+    /// Creates the site (a platform) and the bare-metal pool, both named `bench`, that the
+    /// benchmark's nodes join or are enrolled in: their ids. The pool expects as many GPUs as a
+    /// simulated daemon reports, so that no node is flagged for a missing GPU.
+    pub async fn create_site_and_pool(&self) -> anyhow::Result<(String, String)> {
+        let site = self
+            .data(
+                "mutation($name: String!) { createSite(input: {name: $name, kind: PLATFORM}) { id } }",
+                json!({ "name": "bench" }),
+            )
+            .await?["createSite"]["id"]
+            .as_str()
+            .context("createSite returned no id")?
+            .to_owned();
+        let pool = self
+            .data(
+                "mutation($site: ID!, $gpus: Int) { createPool(input: {siteId: $site, name: \"bench\", kind: METAL_HOST, expectedGpuCount: $gpus}) { id } }",
+                json!({ "site": site, "gpus": DaemonKnobs::default().gpu_count }),
+            )
+            .await?["createPool"]["id"]
+            .as_str()
+            .context("createPool returned no id")?
+            .to_owned();
+        Ok((site, pool))
+    }
+
+    /// Every sample of `/metrics`, summed over labels, by metric name.
+    pub async fn metrics(&self) -> anyhow::Result<Metrics> {
+        let text = self
+            .client
+            .get(format!("{}/metrics", self.url))
+            .send()
+            .await?
+            .error_for_status()?
+            .text()
+            .await?;
+        Ok(Metrics::parse(&text))
+    }
+}
+
+/// The server's `/metrics`: every metric's samples summed over their labels.
+pub struct Metrics(BTreeMap<String, f64>);
+
+impl Metrics {
+    /// Parses the Prometheus text format, skipping comments and lines that are not samples.
+    pub fn parse(text: &str) -> Metrics {
+        let mut sums = BTreeMap::new();
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let Some((series, value)) = line.rsplit_once(' ') else {
+                continue;
+            };
+            let name = series.split('{').next().unwrap_or(series);
+            if let Ok(value) = value.parse::<f64>() {
+                *sums.entry(name.to_owned()).or_insert(0.0) += value;
+            }
+        }
+        Metrics(sums)
+    }
+
+    /// The sum of `name`'s samples, if the server has the metric.
+    pub fn get(&self, name: &str) -> Option<f64> {
+        self.0.get(name).copied()
+    }
+}
+
+/// The benchmark's own CPU time so far, in clock ticks (see [`clock_ticks_per_second`]).
+pub fn own_cpu_ticks() -> anyhow::Result<f64> {
+    cpu_ticks("/proc/self/stat")
+}
+
+/// utime + stime of a process, in clock ticks, from its `/proc/<pid>/stat`.
+fn cpu_ticks(stat_path: &str) -> anyhow::Result<f64> {
+    let stat =
+        std::fs::read_to_string(stat_path).with_context(|| format!("reading {stat_path}"))?;
+    // The command name (field 2) may hold spaces; the fields after its closing parenthesis
+    // start with field 3 (state), so utime (14) and stime (15) are the 12th and 13th.
+    let after = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .context("a /proc stat line")?;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let field = |i: usize| -> anyhow::Result<f64> {
+        Ok(fields
+            .get(i)
+            .context("a short /proc stat line")?
+            .parse::<f64>()?)
+    };
+    Ok(field(11)? + field(12)?)
+}
+
+/// The clock ticks in a second of CPU time, to turn [`Server::cpu_ticks`] and
+/// [`own_cpu_ticks`] into seconds.
+pub async fn clock_ticks_per_second() -> f64 {
+    match Command::new("getconf").arg("CLK_TCK").output().await {
+        Ok(output) => String::from_utf8_lossy(&output.stdout)
+            .trim()
+            .parse()
+            .unwrap_or(DEFAULT_CLK_TCK),
+        Err(_) => DEFAULT_CLK_TCK,
+    }
+}
+
+/// A process's resident memory, in kB.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Memory {
+    /// Resident now (VmRSS).
+    pub rss_kb: u64,
+    /// Resident at the peak so far (VmHWM).
+    pub peak_rss_kb: u64,
+}
+
+/// VmRSS and VmHWM of a process, from `/proc/<pid>/status` (0 where it has no such line).
+fn memory(pid: u32) -> anyhow::Result<Memory> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("reading /proc/{pid}/status"))?;
+    Ok(parse_memory(&status))
+}
+
+fn parse_memory(status: &str) -> Memory {
+    let field = |name: &str| -> u64 {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_default()
+    };
+    Memory {
+        rss_kb: field("VmRSS:"),
+        peak_rss_kb: field("VmHWM:"),
+    }
+}
+
+/// The `q` quantile of `sorted` (ascending) by nearest rank: the smallest sample with at
+/// least a `q` share of the samples at or below it (`q` = 1 is the largest). None when there
+/// are no samples.
+pub fn nearest_rank<T: Copy>(sorted: &[T], q: f64) -> Option<T> {
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len().max(1));
+    sorted.get(rank - 1).copied()
+}
+
+/// One line of the results table: the measure, its result, and the raw limit on this
+/// machine kind it compares with (empty if none).
+pub type Row<'a> = (String, String, &'a str);
+
+/// Writes the results table: a heading, a separator as wide as the heading, and the rows,
+/// each column as wide as its widest cell.
+pub fn write_table(out: &mut impl Write, rows: &[Row<'_>]) -> std::io::Result<()> {
+    let width = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
+    let value_width = rows.iter().map(|r| r.1.len()).max().unwrap_or(0);
+    writeln!(
+        out,
+        "{:width$}{COLUMN_GAP}{:value_width$}{COLUMN_GAP}{LIMIT_HEADING}",
+        "measure", "result"
+    )?;
+    writeln!(
+        out,
+        "{}",
+        "-".repeat(width + value_width + 2 * COLUMN_GAP.len() + LIMIT_HEADING.len())
+    )?;
+    for (name, value, limit) in rows {
+        writeln!(
+            out,
+            "{name:width$}{COLUMN_GAP}{value:value_width$}{COLUMN_GAP}{limit}"
+        )?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_loopback_databases_are_accepted() {
+        assert!(is_loopback_database(
+            "postgres://postgres@127.0.0.1:5432/bench"
+        ));
+        assert!(is_loopback_database("postgres://u:p@localhost/bench"));
+        assert!(is_loopback_database("postgres://[::1]:5432/x"));
+        assert!(is_loopback_database("sqlite:///tmp/x.db?mode=rwc"));
+        assert!(!is_loopback_database("postgres://u@10.0.0.5:5432/x"));
+        assert!(!is_loopback_database("postgres://db.example.com/x"));
+    }
+
+    #[tokio::test]
+    async fn a_given_database_must_be_local_and_alone() {
+        let local = BenchDatabase::prepare(false, Some("postgres://u@localhost/x"))
+            .await
+            .expect("a local database");
+        assert_eq!(local.url(), Some("postgres://u@localhost/x"));
+        assert_eq!(local.description(), "the given database");
+        assert!(
+            BenchDatabase::prepare(false, Some("postgres://u@10.0.0.5/x"))
+                .await
+                .is_err()
+        );
+        assert!(
+            BenchDatabase::prepare(true, Some("postgres://u@localhost/x"))
+                .await
+                .is_err()
+        );
+        let sqlite = BenchDatabase::prepare(false, None)
+            .await
+            .expect("the server's own file");
+        assert_eq!(sqlite.url(), None);
+        assert_eq!(sqlite.description(), "SQLite (fresh file)");
+    }
+
+    #[test]
+    fn metrics_are_summed_over_labels() {
+        let metrics = Metrics::parse("# TYPE a counter\na{x=\"1\"} 2\na{x=\"2\"} 3\nb 7\n");
+        assert_eq!(metrics.get("a"), Some(5.0));
+        assert_eq!(metrics.get("b"), Some(7.0));
+        assert_eq!(metrics.get("c"), None);
+    }
+
+    #[test]
+    fn cpu_ticks_read_past_a_command_with_spaces() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let path = dir.path().join("stat");
+        std::fs::write(&path, "42 (a b) S 1 2 3 4 5 6 7 8 9 10 250 50 0 0").expect("write");
+        assert_eq!(
+            cpu_ticks(&path.display().to_string()).expect("ticks"),
+            300.0
+        );
+        assert!(own_cpu_ticks().expect("our own ticks") >= 0.0);
+    }
+
+    #[test]
+    fn memory_is_read_from_the_status_lines() {
+        let status = "Name:\tbetter-compute\nVmHWM:\t   66560 kB\nVmRSS:\t   65000 kB\n";
+        assert_eq!(
+            parse_memory(status),
+            Memory {
+                rss_kb: 65_000,
+                peak_rss_kb: 66_560
+            }
+        );
+        assert_eq!(
+            parse_memory("Name:\tkthreadd\n"),
+            Memory {
+                rss_kb: 0,
+                peak_rss_kb: 0
+            }
+        );
+    }
+
+    #[test]
+    fn quantiles_are_nearest_rank() {
+        let samples: Vec<u32> = (1..=100).collect();
+        assert_eq!(nearest_rank(&samples, 0.5), Some(50));
+        assert_eq!(nearest_rank(&samples, 0.99), Some(99));
+        assert_eq!(nearest_rank(&samples, 1.0), Some(100));
+        assert_eq!(nearest_rank(&samples, 0.0), Some(1));
+        assert_eq!(nearest_rank(&[7], 0.99), Some(7));
+        assert_eq!(nearest_rank::<u32>(&[], 0.5), None);
+    }
+
+    #[test]
+    fn the_table_aligns_its_columns_under_a_separator_as_wide_as_the_heading() {
+        let rows: Vec<Row<'_>> = vec![
+            ("joins".into(), "391 joins/s".into(), "7k writes/s"),
+            ("all connected after".into(), "1.1 s".into(), ""),
+        ];
+        let mut out = Vec::new();
+        write_table(&mut out, &rows).expect("written");
+        let text = String::from_utf8(out).expect("UTF-8");
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[0],
+            format!("measure              result       {LIMIT_HEADING}")
+        );
+        assert_eq!(lines[1].len(), lines[0].len());
+        assert!(lines[1].chars().all(|c| c == '-'));
+        assert_eq!(lines[2], "joins                391 joins/s  7k writes/s");
+        assert_eq!(lines[3], "all connected after  1.1 s        ");
+        assert_eq!(lines.len(), 4);
+    }
+}
