@@ -483,3 +483,35 @@ async fn command_updates_stream_live_with_results() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn commands_left_dispatched_by_a_crashed_session_are_redelivered_to_the_next() {
+    each_backend(async |s| {
+        let (site, pool) = s.site_and_pool(8).await;
+        let live = live_node(s, &site, &pool).await;
+        let services = &s.server.services;
+        let node = bc_core::ids::NodeId::parse(&live.node_id).unwrap();
+        // The session of epoch 1 is held by the test: the command goes to it...
+        let sent = send_command(s, s.admin_token(), &live.node_id, "LOGS_COLLECT", json!({}))
+            .await
+            .unwrap();
+        let id = sent[0]["id"].as_str().unwrap().to_owned();
+        wait_status(s, &id, "DISPATCHED").await;
+        // ...and that session's replica dies without recording anything: the next session
+        // (epoch 2, opened elsewhere) gets the command again.
+        let redelivered = services.dispatch_commands(&node, 2).await.unwrap();
+        assert_eq!(
+            redelivered
+                .iter()
+                .map(|c| c.id.to_string())
+                .collect::<Vec<_>>(),
+            vec![id.clone()]
+        );
+        let again = command(s, &id).await;
+        assert_eq!(
+            (again["status"].as_str(), again["attempts"].as_i64()),
+            (Some("DISPATCHED"), Some(2))
+        );
+    })
+    .await;
+}

@@ -194,9 +194,23 @@ impl Services {
         )
         .await?;
         let now = self.clock.now();
+        // Commands still marked dispatched to an older session lost it without the gateway
+        // noticing (a crashed replica): they are redelivered (or failed) now, as if that
+        // session had ended cleanly.
+        let mut open = open;
+        for command in open.iter_mut() {
+            let stale = command.status != CommandStatus::Queued
+                && command.session_epoch.is_some_and(|e| e < epoch);
+            if stale {
+                let from = command.session_lost(now)?;
+                if commands::save(&*txn, from, command).await? {
+                    events::append_command(&*txn, command, Some(from), &gateway, now).await?;
+                }
+            }
+        }
         let mut busy: HashSet<_> = open
             .iter()
-            .filter(|c| c.status != CommandStatus::Queued)
+            .filter(|c| c.status != CommandStatus::Queued && !c.status.is_final())
             .map(|c| c.lane)
             .collect();
         let mut sent = Vec::new();
