@@ -97,6 +97,7 @@ enum Command {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
+    raise_open_file_limit();
     let cli = Cli::parse();
     let config = Config::load(cli.config.as_deref())?;
     match cli.command {
@@ -174,6 +175,16 @@ async fn main() -> anyhow::Result<()> {
             write!(std::io::stdout(), "{}", graphql::sdl())?;
             Ok(())
         }
+    }
+}
+
+/// Every daemon session is a socket, and `dev --sim` holds both ends of each in one process:
+/// the default soft limit of open files (often 1,024) is far too low for a fleet, so it is
+/// raised to the hard limit the system allows.
+fn raise_open_file_limit() {
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(limit) => tracing::debug!(limit, "open file limit"),
+        Err(err) => tracing::warn!(error = %err, "could not raise the open file limit"),
     }
 }
 
