@@ -97,12 +97,11 @@ enum Command {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    raise_open_file_limit();
     let cli = Cli::parse();
     let config = Config::load(cli.config.as_deref())?;
     match cli.command {
         Command::Serve => {
-            telemetry::init_logging(&config.log);
+            start_logging(&config);
             let server = app::start(&config, Arc::new(SystemClock)).await?;
             app::shutdown_signal().await;
             tracing::info!("shutting down: finishing requests in flight");
@@ -114,7 +113,7 @@ async fn main() -> anyhow::Result<()> {
             sim_mixed,
             token_hours,
         } => {
-            telemetry::init_logging(&config.log);
+            start_logging(&config);
             dev(&config, sim, sim_gpus, sim_mixed, token_hours).await
         }
         Command::Sim {
@@ -126,7 +125,7 @@ async fn main() -> anyhow::Result<()> {
             gpus,
             mixed,
         } => {
-            telemetry::init_logging(&config.log);
+            start_logging(&config);
             let ca = match (ca_file, ca_sha256) {
                 (Some(file), _) => CaTrust::Pem(
                     std::fs::read_to_string(&file)
@@ -176,6 +175,12 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// Logging first, so that a failure to raise the open-file limit is reported, then the limit.
+fn start_logging(config: &Config) {
+    telemetry::init_logging(&config.log);
+    raise_open_file_limit();
 }
 
 /// Every daemon session is a socket, and `dev --sim` holds both ends of each in one process:
