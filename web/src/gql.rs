@@ -1,0 +1,215 @@
+//! The typed GraphQL client. Every operation in `graphql/operations.graphql` becomes a type
+//! here, checked against `../schema.graphql` at compile time, and every answer becomes either
+//! its data or one [`ApiError`] carrying the server's stable `extensions.code`.
+
+use graphql_client::{GraphQLQuery, Response};
+use serde::Serialize;
+
+use crate::session;
+
+/// The server's `DateTime` scalar: RFC 3339, kept as sent and parsed where it is shown.
+pub type DateTime = String;
+/// The server's `JSON` scalar.
+#[allow(clippy::upper_case_acronyms)]
+pub type JSON = serde_json::Value;
+
+macro_rules! operations {
+    ($($name:ident),* $(,)?) => {$(
+        #[derive(GraphQLQuery)]
+        #[graphql(
+            schema_path = "../schema.graphql",
+            query_path = "graphql/operations.graphql",
+            response_derives = "Debug, Clone, PartialEq, Serialize",
+            variables_derives = "Debug, Clone"
+        )]
+        pub struct $name;
+    )*};
+}
+
+operations!(
+    Viewer,
+    Catalog,
+    FleetChanges,
+    NodeRowById,
+    NodePage,
+    NodeEvents,
+    NodeEventsLive,
+    NodeCommandsLive,
+    Capacity,
+    CordonNode,
+    UncordonNode,
+    DrainNode,
+    TaintNode,
+    UntaintNode,
+    LabelNode,
+    RevokeNodeIdentity,
+    SendCommand,
+    CancelCommand,
+);
+
+/// Where the API lives: the same origin that served the dashboard.
+pub const GRAPHQL_PATH: &str = "/graphql";
+
+/// An error from the API (its `extensions.code`) or from getting there (`NETWORK`,
+/// `BAD_RESPONSE`, both made here).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ApiError {
+    pub code: String,
+    pub message: String,
+    /// `CONFLICT`: the node's version now.
+    pub current_version: Option<i64>,
+    /// `RESUME_REQUIRED`: where to resume a subscription.
+    pub cursor: Option<String>,
+    /// `INVALID_STATE`: the moves that are allowed.
+    pub allowed: Vec<String>,
+}
+
+impl ApiError {
+    pub fn local(code: &str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            code: code.to_owned(),
+            message: message.into(),
+            current_version: None,
+            cursor: None,
+            allowed: Vec::new(),
+        }
+    }
+
+    pub fn from_graphql(error: graphql_client::Error) -> ApiError {
+        let ext = error.extensions.unwrap_or_default();
+        let code = ext
+            .get("code")
+            .and_then(|c| c.as_str())
+            .unwrap_or("INTERNAL")
+            .to_owned();
+        ApiError {
+            code,
+            message: error.message,
+            current_version: ext
+                .get("currentVersion")
+                .and_then(serde_json::Value::as_i64),
+            cursor: ext
+                .get("cursor")
+                .and_then(|c| c.as_str())
+                .map(str::to_owned),
+            allowed: ext
+                .get("allowed")
+                .and_then(|a| a.as_array())
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|m| m.as_str().map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default(),
+        }
+    }
+
+    pub fn is_conflict(&self) -> bool {
+        self.code == "CONFLICT"
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.code, self.message)
+    }
+}
+
+/// A GraphQL answer as a `Result`: the first error if there is one, otherwise the data.
+pub fn into_result<D>(response: Response<D>) -> Result<D, ApiError> {
+    if let Some(error) = response.errors.and_then(|e| e.into_iter().next()) {
+        return Err(ApiError::from_graphql(error));
+    }
+    response
+        .data
+        .ok_or_else(|| ApiError::local("BAD_RESPONSE", "the answer had neither data nor errors"))
+}
+
+/// Runs one query or mutation as the signed-in operator.
+pub async fn run<Q: GraphQLQuery>(variables: Q::Variables) -> Result<Q::ResponseData, ApiError>
+where
+    Q::Variables: Serialize,
+{
+    let token =
+        session::token().ok_or_else(|| ApiError::local("UNAUTHENTICATED", "not signed in"))?;
+    run_with_token::<Q>(&token, variables).await
+}
+
+/// Runs one operation with an explicit token (sign-in checks a token before storing it).
+pub async fn run_with_token<Q: GraphQLQuery>(
+    token: &str,
+    variables: Q::Variables,
+) -> Result<Q::ResponseData, ApiError>
+where
+    Q::Variables: Serialize,
+{
+    let body = Q::build_query(variables);
+    let request = gloo_net::http::Request::post(GRAPHQL_PATH)
+        .header("Authorization", &format!("Bearer {token}"))
+        .json(&body)
+        .map_err(|e| ApiError::local("BAD_REQUEST", e.to_string()))?;
+    let response = request
+        .send()
+        .await
+        .map_err(|e| ApiError::local("NETWORK", format!("the server did not answer: {e}")))?;
+    let status = response.status();
+    // Every answer, a 401 included, carries the GraphQL error shape; anything else (a proxy's
+    // error page) is reported with its status.
+    let parsed: Response<Q::ResponseData> = response.json().await.map_err(|e| {
+        ApiError::local(
+            "BAD_RESPONSE",
+            format!("HTTP {status}: not a GraphQL answer ({e})"),
+        )
+    })?;
+    into_result(parsed)
+}
+
+/// The wire value of a generated enum (`CONNECTED`), for display and comparison.
+pub fn wire<T: Serialize>(value: &T) -> String {
+    serde_json::to_value(value)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_keep_their_code_and_details() {
+        let error: graphql_client::Error = serde_json::from_value(serde_json::json!({
+            "message": "node_1 changed",
+            "extensions": { "code": "CONFLICT", "currentVersion": 9 }
+        }))
+        .expect("an error");
+        let api = ApiError::from_graphql(error);
+        assert!(api.is_conflict());
+        assert_eq!(api.current_version, Some(9));
+
+        let response: Response<serde_json::Value> = serde_json::from_value(serde_json::json!({
+            "data": null,
+            "errors": [{ "message": "m", "extensions": {
+                "code": "INVALID_STATE", "allowed": ["retire", "fail"] } }]
+        }))
+        .expect("a response");
+        let err = into_result(response).expect_err("an error");
+        assert_eq!(err.code, "INVALID_STATE");
+        assert_eq!(err.allowed, ["retire", "fail"]);
+
+        let empty: Response<serde_json::Value> =
+            serde_json::from_value(serde_json::json!({})).expect("a response");
+        assert_eq!(
+            into_result(empty).expect_err("no data").code,
+            "BAD_RESPONSE"
+        );
+    }
+
+    #[test]
+    fn generated_enums_have_their_wire_names() {
+        assert_eq!(
+            wire(&fleet_changes::Connectivity::UNREACHABLE),
+            "UNREACHABLE"
+        );
+    }
+}

@@ -1,0 +1,21 @@
+//! The Better Compute dashboard: a Leptos app rendered in the browser (WebAssembly), served by
+//! the control plane at `/`, talking to it only through the GraphQL API at `/graphql`.
+//! ARCHITECTURE.md ("web/") has the map.
+
+mod actions;
+mod app;
+mod capacity;
+mod fleet;
+mod format;
+mod gql;
+mod live;
+mod model;
+mod node;
+mod refresh;
+mod session;
+mod store;
+
+fn main() {
+    console_error_panic_hook::set_once();
+    leptos::mount::mount_to_body(app::App);
+}
