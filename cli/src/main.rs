@@ -233,6 +233,14 @@ async fn dev(
     )?;
     let mut out = std::io::stdout();
     writeln!(out, "\nBetter Compute is running.")?;
+    // The token travels in the URL fragment, which browsers never send: it stays out of
+    // request lines and so out of the server's and any proxy's logs. The dashboard reads it
+    // from there and signs in with it.
+    writeln!(
+        out,
+        "  Dashboard (signs in):           {}/#token={token}",
+        server.url()
+    )?;
     writeln!(
         out,
         "  GraphQL (GraphiQL in a browser): {}/graphql",

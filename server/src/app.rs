@@ -12,7 +12,7 @@ use crate::auth::TokenKeys;
 use crate::config::Config;
 use crate::controllers::{self, ControllerLoop};
 use crate::graphql::build_schema;
-use crate::http::{AppState, router};
+use crate::http::{AppState, Dashboard, router};
 use crate::service::Services;
 use crate::store::Store;
 
@@ -103,11 +103,20 @@ pub async fn start(config: &Config, clock: Arc<dyn Clock>) -> anyhow::Result<Run
 
     let listener = TcpListener::bind(config.listen).await?;
     let local_addr = listener.local_addr()?;
+    let dashboard = Dashboard::new(&config.dashboard_dir);
+    if !dashboard.is_built().await {
+        // Not an error: the API works without it, and the dashboard appears once built.
+        tracing::info!(
+            dir = %config.dashboard_dir.display(),
+            "the dashboard is not built (no index.html); build it with scripts/build-web"
+        );
+    }
     let app = router(AppState {
         shutdown: feed_stopped,
         schema,
         keys: keys.clone(),
         services: services.clone(),
+        dashboard,
     });
     let (tx, rx) = oneshot::channel::<()>();
     let task = tokio::spawn(async move {

@@ -17,6 +17,9 @@ pub struct Config {
     pub data_dir: PathBuf,
     /// `sqlite://…` or `postgres://…`. Unset: a SQLite file in `data_dir`.
     pub database_url: Option<String>,
+    /// The built dashboard (`index.html`, its scripts, wasm and styles, and a `.gz` copy of
+    /// each) that the API serves at `/`. A relative path is taken from the working directory.
+    pub dashboard_dir: PathBuf,
     pub database: DatabaseConfig,
     pub auth: AuthConfig,
     pub graphql: GraphqlConfig,
@@ -24,6 +27,10 @@ pub struct Config {
     pub liveness: LivenessConfig,
     pub gateway: crate::gateway::GatewayConfig,
 }
+
+/// Where `scripts/build-web` writes the dashboard, relative to the repository root: the
+/// working directory of `scripts/dev` and `cargo run`, so both find it without configuration.
+pub const DEFAULT_DASHBOARD_DIR: &str = "web/dist";
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -198,6 +205,7 @@ impl Default for Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             data_dir: PathBuf::from("data"),
             database_url: None,
+            dashboard_dir: PathBuf::from(DEFAULT_DASHBOARD_DIR),
             database: DatabaseConfig::default(),
             auth: AuthConfig::default(),
             graphql: GraphqlConfig::default(),
@@ -346,11 +354,13 @@ mod tests {
             )?;
             jail.set_env("BC_AUTH__AUDIENCE", "fleet");
             jail.set_env("DATABASE_URL", "postgres://db/x");
+            jail.set_env("BC_DASHBOARD_DIR", "/srv/dashboard");
             let config = Config::load(Some(Path::new("bc.toml"))).map_err(|e| e.to_string())?;
             assert_eq!(config.listen.port(), 9000);
             assert_eq!(config.graphql.max_depth, 5);
             assert_eq!(config.auth.audience, "fleet");
             assert_eq!(config.database_url(), "postgres://db/x");
+            assert_eq!(config.dashboard_dir, PathBuf::from("/srv/dashboard"));
             assert_eq!(
                 config.graphql.max_page_size,
                 GraphqlConfig::default().max_page_size

@@ -1,14 +1,17 @@
 //! The HTTP surface: `/graphql` (POST for operations, GET for GraphiQL), `/healthz`,
-//! `/readyz` and `/metrics`.
+//! `/readyz` and `/metrics`, and behind them the dashboard's files at `/` ([`Dashboard`]).
 
 use async_graphql::http::GraphiQLSource;
 use async_graphql_axum::{GraphQLRequest, GraphQLResponse};
 use axum::Router;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use tower::ServiceExt;
+use tower_http::services::{ServeDir, ServeFile};
 use tower_http::trace::TraceLayer;
 
 use crate::auth::TokenKeys;
@@ -24,16 +27,118 @@ pub struct AppState {
     pub shutdown: tokio::sync::watch::Receiver<bool>,
     pub keys: Arc<TokenKeys>,
     pub services: Services,
+    pub dashboard: Dashboard,
 }
 
+/// The API routes, and the dashboard for every path they do not claim.
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/graphql", get(graphql_get).post(graphql))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .fallback(dashboard)
         .layer(TraceLayer::new_for_http())
         .with_state(state)
+}
+
+/// The dashboard: the files `scripts/build-web` writes into `dashboard_dir`, served with their
+/// precompressed `.gz` copies to browsers that accept gzip, and `index.html` for client-side
+/// routes (the dashboard routes with the browser's history, so `/nodes/node_…` is a page of
+/// it that has no file).
+#[derive(Clone, Debug)]
+pub struct Dashboard {
+    /// The page every client-side route loads; without it the dashboard is not built.
+    index: PathBuf,
+    /// The files alone: a missing one is 404, because a script or wasm request answered
+    /// with HTML would fail in the browser with a confusing parse error instead of a 404.
+    assets: ServeDir,
+    /// The files, and `index.html` (200) for any path that is no file.
+    pages: ServeDir<ServeFile>,
+}
+
+/// Every dashboard response is revalidated before use (`no-cache` still lets the browser keep
+/// it and ask with `If-None-Match` or `If-Modified-Since`), so a rebuilt dashboard is never
+/// served stale.
+const DASHBOARD_CACHE_CONTROL: &str = "no-cache";
+
+/// What `/` and client-side routes answer while `dashboard_dir` holds no `index.html`.
+const DASHBOARD_NOT_BUILT_PAGE: &str = r#"<!doctype html>
+<html lang="en">
+<head><meta charset="utf-8"><title>Better Compute: the dashboard is not built</title></head>
+<body>
+<h1>The dashboard is not built</h1>
+<p>This server found no <code>index.html</code> in its dashboard directory
+(<code>dashboard_dir</code>, <code>web/dist</code> unless configured or set with
+<code>BC_DASHBOARD_DIR</code>).</p>
+<p>Build it with <code>scripts/build-web</code>, or run <code>scripts/dev --sim 20</code>,
+which builds it and starts the server. Reload this page when the build is done; the server
+needs no restart.</p>
+<p>The API works meanwhile: <a href="/graphql">/graphql</a>.</p>
+</body>
+</html>
+"#;
+
+impl Dashboard {
+    /// The dashboard in `dir`, which need not exist yet: every request looks again.
+    pub fn new(dir: &Path) -> Dashboard {
+        let index = dir.join("index.html");
+        let assets = ServeDir::new(dir).precompressed_gzip();
+        let pages = assets
+            .clone()
+            .fallback(ServeFile::new(&index).precompressed_gzip());
+        Dashboard {
+            index,
+            assets,
+            pages,
+        }
+    }
+
+    /// Whether `dashboard_dir` holds an `index.html`. One metadata call, made per request so
+    /// that a dashboard built while the server runs appears without a restart.
+    pub async fn is_built(&self) -> bool {
+        tokio::fs::metadata(&self.index)
+            .await
+            .is_ok_and(|metadata| metadata.is_file())
+    }
+
+    async fn serve(&self, request: axum::extract::Request) -> Response {
+        let reads = matches!(*request.method(), Method::GET | Method::HEAD);
+        // Other methods go on to `ServeDir`, which answers them 405 whether built or not.
+        if reads && !self.is_built().await {
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Html(DASHBOARD_NOT_BUILT_PAGE),
+            )
+                .into_response();
+        }
+        let served = if names_a_file(request.uri().path()) {
+            self.assets.clone().oneshot(request).await
+        } else {
+            self.pages.clone().oneshot(request).await
+        };
+        let Ok(response) = served;
+        response.map(axum::body::Body::new)
+    }
+}
+
+/// Whether `path` asks for a file (its last segment has an extension, as `app.wasm` does)
+/// rather than a page of the dashboard. Client-side routes must therefore not end in a
+/// segment with a dot.
+fn names_a_file(path: &str) -> bool {
+    path.rsplit('/')
+        .next()
+        .is_some_and(|last| last.contains('.'))
+}
+
+/// Every path no API route claims: a file of the dashboard, or one of its pages.
+async fn dashboard(State(state): State<AppState>, request: axum::extract::Request) -> Response {
+    let mut response = state.dashboard.serve(request).await;
+    response.headers_mut().insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static(DASHBOARD_CACHE_CONTROL),
+    );
+    response
 }
 
 /// Runs one GraphQL operation for the caller named by the bearer token. A request without a

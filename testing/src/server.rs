@@ -160,7 +160,13 @@ const TEST_SECRET: &str = "better-compute-test-secret-0123456789abcdef";
 struct SharedState {
     database: TestDatabase,
     data_dir: tempfile::TempDir,
+    /// The test's own settings ([`TestServer::start_with`]), applied to every server on the
+    /// database, because replicas and restarts are the same deployment.
+    configure: Box<Configure>,
 }
+
+/// A change to a test server's configuration, made after the harness's own settings.
+type Configure = dyn Fn(&mut Config) + Send + Sync;
 
 /// A running server on its own database, or a replica on the database of another
 /// ([`TestServer::replica`]).
@@ -175,11 +181,25 @@ pub struct TestServer {
 
 impl TestServer {
     pub async fn start(backend: Backend) -> anyhow::Result<TestServer> {
+        TestServer::start_with(backend, |_| {}).await
+    }
+
+    /// [`TestServer::start`] with `configure` applied on top of the harness's settings (to set
+    /// `dashboard_dir`, say); its replicas and restarts apply it too.
+    pub async fn start_with(
+        backend: Backend,
+        configure: impl Fn(&mut Config) + Send + Sync + 'static,
+    ) -> anyhow::Result<TestServer> {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let database = TestDatabase::create(backend).await?;
         let data_dir = tempfile::tempdir()?;
         let clock = ManualClock::new(bc_core::clock::Clock::now(&bc_core::clock::SystemClock));
-        TestServer::start_on(backend, Arc::new(SharedState { database, data_dir }), clock).await
+        let shared = SharedState {
+            database,
+            data_dir,
+            configure: Box::new(configure),
+        };
+        TestServer::start_on(backend, Arc::new(shared), clock).await
     }
 
     /// A server on `shared`'s database, listening on fresh loopback ports.
@@ -188,7 +208,7 @@ impl TestServer {
         shared: Arc<SharedState>,
         clock: ManualClock,
     ) -> anyhow::Result<TestServer> {
-        let config = Config {
+        let mut config = Config {
             listen: "127.0.0.1:0".parse()?,
             data_dir: shared.data_dir.path().to_path_buf(),
             database_url: Some(shared.database.url.clone()),
@@ -208,6 +228,7 @@ impl TestServer {
             },
             ..Config::default()
         };
+        (shared.configure)(&mut config);
         let server = app::start(&config, Arc::new(clock.clone())).await?;
         let admin_token = server.keys.mint(
             "test-admin",
