@@ -125,6 +125,114 @@ pub fn into_result<D>(response: Response<D>) -> Result<D, ApiError> {
         .ok_or_else(|| ApiError::local("BAD_RESPONSE", "the answer had neither data nor errors"))
 }
 
+/// One operation as it goes on the wire. graphql_client's query text is the whole of
+/// `operations.graphql`, and async-graphql validates every definition of a document against
+/// the operation it runs (another operation's variables are "not defined", fragments it does
+/// not use are "never used"), so each request carries only its operation and its fragments.
+#[derive(Serialize)]
+pub struct WireRequest<V> {
+    query: String,
+    #[serde(rename = "operationName")]
+    operation_name: &'static str,
+    variables: V,
+}
+
+pub fn wire_request<Q: GraphQLQuery>(variables: Q::Variables) -> WireRequest<Q::Variables> {
+    let body = Q::build_query(variables);
+    WireRequest {
+        query: operation_document(body.query, body.operation_name),
+        operation_name: body.operation_name,
+        variables: body.variables,
+    }
+}
+
+/// The definitions of `document` that operation `name` needs: itself and the fragments it
+/// spreads, directly or through other fragments, in document order.
+pub fn operation_document(document: &str, name: &str) -> String {
+    let definitions = top_level_definitions(document);
+    let mut wanted: Vec<String> = Vec::new();
+    let mut queue: Vec<&str> = definitions
+        .iter()
+        .filter(|d| !d.starts_with("fragment") && definition_name(d) == Some(name))
+        .copied()
+        .collect();
+    let mut keep: Vec<&str> = queue.clone();
+    while let Some(definition) = queue.pop() {
+        for spread in fragment_spreads(definition) {
+            if wanted.iter().any(|w| w == spread) {
+                continue;
+            }
+            wanted.push(spread.to_owned());
+            if let Some(fragment) = definitions
+                .iter()
+                .find(|d| d.starts_with("fragment") && definition_name(d) == Some(spread))
+            {
+                keep.push(fragment);
+                queue.push(fragment);
+            }
+        }
+    }
+    definitions
+        .iter()
+        .filter(|d| keep.contains(d))
+        .copied()
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Splits a document into its top-level definitions (comments dropped, strings respected).
+fn top_level_definitions(document: &str) -> Vec<&str> {
+    let bytes = document.as_bytes();
+    let mut out = Vec::new();
+    let (mut depth, mut start, mut i) = (0usize, None::<usize>, 0usize);
+    while i < bytes.len() {
+        match bytes[i] {
+            b'#' => {
+                while i < bytes.len() && bytes[i] != b'\n' {
+                    i += 1;
+                }
+                continue;
+            }
+            b'"' => {
+                i += 1;
+                while i < bytes.len() && bytes[i] != b'"' {
+                    i += if bytes[i] == b'\\' { 2 } else { 1 };
+                }
+            }
+            b'{' => depth += 1,
+            b'}' => {
+                depth = depth.saturating_sub(1);
+                if depth == 0
+                    && let Some(s) = start.take()
+                {
+                    out.push(document[s..=i].trim());
+                }
+            }
+            c if depth == 0 && start.is_none() && !c.is_ascii_whitespace() => start = Some(i),
+            _ => {}
+        }
+        i += 1;
+    }
+    out
+}
+
+fn definition_name(definition: &str) -> Option<&str> {
+    let mut words = definition.split(|c: char| !(c.is_alphanumeric() || c == '_'));
+    words.next()?;
+    words.find(|w| !w.is_empty())
+}
+
+fn fragment_spreads(definition: &str) -> impl Iterator<Item = &str> {
+    definition.split("...").skip(1).filter_map(|rest| {
+        let name = rest
+            .trim_start()
+            .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .next()?;
+        // `... on Type` is an inline fragment, not a spread.
+        (!name.is_empty() && name != "on").then_some(name)
+    })
+}
+
 /// Runs one query or mutation as the signed-in operator.
 pub async fn run<Q: GraphQLQuery>(variables: Q::Variables) -> Result<Q::ResponseData, ApiError>
 where
@@ -143,7 +251,7 @@ pub async fn run_with_token<Q: GraphQLQuery>(
 where
     Q::Variables: Serialize,
 {
-    let body = Q::build_query(variables);
+    let body = wire_request::<Q>(variables);
     let request = gloo_net::http::Request::post(GRAPHQL_PATH)
         .header("Authorization", &format!("Bearer {token}"))
         .json(&body)
@@ -203,6 +311,32 @@ mod tests {
             into_result(empty).expect_err("no data").code,
             "BAD_RESPONSE"
         );
+    }
+
+    #[test]
+    fn each_request_carries_only_its_operation_and_fragments() {
+        let document = r#"
+            # a comment { with braces
+            fragment A on T { x ...B }
+            fragment B on T { y(s: "}") }
+            fragment C on T { z }
+            query One($v: Int) { t(v: $v) { ...A ... on T { w } } }
+            query Two { t { ...C } }
+        "#;
+        assert_eq!(
+            operation_document(document, "One"),
+            "fragment A on T { x ...B }\nfragment B on T { y(s: \"}\") }\nquery One($v: Int) { t(v: $v) { ...A ... on T { w } } }"
+        );
+        assert_eq!(
+            operation_document(document, "Two"),
+            "fragment C on T { z }\nquery Two { t { ...C } }"
+        );
+        // The real document: every generated operation finds itself.
+        let body = FleetChanges::build_query(fleet_changes::Variables { after: None });
+        let doc = operation_document(body.query, body.operation_name);
+        assert!(doc.starts_with("fragment FleetRow on NodeDetail"), "{doc}");
+        assert!(doc.contains("subscription FleetChanges"));
+        assert!(!doc.contains("CommandFields"));
     }
 
     #[test]

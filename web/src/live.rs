@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use futures::future::{AbortHandle, Abortable};
-use graphql_client::{GraphQLQuery, QueryBody, Response};
+use graphql_client::{GraphQLQuery, Response};
 use leptos::prelude::*;
 use serde::Serialize;
 
-use crate::gql::{ApiError, GRAPHQL_PATH, into_result};
+use crate::gql::{ApiError, GRAPHQL_PATH, WireRequest, into_result, wire_request};
 use crate::session;
 
 /// The first wait before reconnecting; doubled after each failure up to [`MAX_BACKOFF`], so
@@ -43,7 +43,8 @@ impl LiveHandle {
 
 /// A graphql_client operation as graphql-ws-client wants it.
 struct Operation<Q: GraphQLQuery> {
-    body: QueryBody<Q::Variables>,
+    body: WireRequest<Q::Variables>,
+    kind: std::marker::PhantomData<fn() -> Q>,
 }
 
 impl<Q: GraphQLQuery> Serialize for Operation<Q>
@@ -173,7 +174,8 @@ where
         .map_err(|e| ApiError::local("BAD_REQUEST", e.to_string()))?;
     builder
         .subscribe(Operation::<Q> {
-            body: Q::build_query(variables),
+            body: wire_request::<Q>(variables),
+            kind: std::marker::PhantomData,
         })
         .await
         .map_err(|e| {
