@@ -11,7 +11,7 @@ use crate::gql::{
     TaintNode, UncordonNode, UntaintNode, cordon_node, drain_node, label_node, node_row_by_id,
     revoke_node_identity, send_command, taint_node, uncordon_node, untaint_node,
 };
-use crate::model::{FactChange, Row, what_changed};
+use crate::model::{FactChange, Names, Row, what_changed};
 use crate::store::row_from_read;
 
 /// How many mutations of a bulk action are in flight at once: enough to finish a few hundred
@@ -281,9 +281,9 @@ pub struct Outcome {
     pub changes: Vec<FactChange>,
 }
 
-/// Runs `action` on every target at the version it had on screen.
-pub async fn run_on_all(action: NodeAction, targets: Vec<Row>) -> Vec<Outcome> {
-    let names = ctx().names.get_untracked();
+/// Runs `action` on every target at the version it had on screen. `names` (the catalog's)
+/// word what a conflict shows.
+pub async fn run_on_all(action: NodeAction, targets: Vec<Row>, names: Names) -> Vec<Outcome> {
     futures::stream::iter(targets)
         .map(|before| {
             let action = action.clone();
@@ -330,6 +330,7 @@ pub fn ActionDialog(
     #[prop(optional)] prefill: ActionInput,
     on_close: Callback<()>,
 ) -> impl IntoView {
+    let names = ctx().names;
     let input = RwSignal::new(prefill);
     let targets = RwSignal::new(targets);
     let problem = RwSignal::new(None::<String>);
@@ -348,8 +349,9 @@ pub fn ActionDialog(
         problem.set(None);
         running.set(true);
         targets.set(retry.clone());
+        let names = names.get_untracked();
         leptos::task::spawn_local(async move {
-            let results = run_on_all(action, retry).await;
+            let results = run_on_all(action, retry, names).await;
             outcomes.set(Some(results));
             running.set(false);
         });
@@ -608,20 +610,19 @@ pub fn CommandDialog(targets: Vec<Row>, on_close: Callback<()>) -> impl IntoView
         };
         problem.set(None);
         running.set(true);
+        // Read before the task starts: the dialog (and its signals) may be gone by then.
+        let input = send_command::SendCommandInput {
+            node_ids: Some(ids.get_value()),
+            filter: None,
+            kind: command_kind,
+            params: Some(parsed),
+            timeout_seconds: None,
+            not_before: None,
+            expires_in_seconds: None,
+            force: force.get_untracked(),
+        };
         leptos::task::spawn_local(async move {
-            let result = gql::run::<SendCommand>(send_command::Variables {
-                input: send_command::SendCommandInput {
-                    node_ids: Some(ids.get_value()),
-                    filter: None,
-                    kind: command_kind,
-                    params: Some(parsed),
-                    timeout_seconds: None,
-                    not_before: None,
-                    expires_in_seconds: None,
-                    force: force.get_untracked(),
-                },
-            })
-            .await;
+            let result = gql::run::<SendCommand>(send_command::Variables { input }).await;
             match result {
                 Ok(data) => sent.set(Some(data.send_command.len())),
                 Err(err) => problem.set(Some(err.to_string())),
