@@ -269,6 +269,18 @@ impl Default for LogConfig {
     }
 }
 
+/// `BC_…` variables that belong to the project's tools, not to the server (with the prefix
+/// removed): the config file's path (`BC_CONFIG`, read by the command line), the test and
+/// build scripts' settings and the benchmarks'. The server refuses unknown keys, so without
+/// this a developer who exported one of them could not start it.
+const TOOLING_VARIABLES: &[&str] = &["CONFIG", "BIN", "TOOLS_DIR"];
+const TOOLING_PREFIXES: &[&str] = &["TEST_", "WEB_", "BENCH_"];
+
+fn is_tooling_variable(key: &str) -> bool {
+    let key = key.to_ascii_uppercase();
+    TOOLING_VARIABLES.contains(&key.as_str()) || TOOLING_PREFIXES.iter().any(|p| key.starts_with(p))
+}
+
 impl Config {
     /// Defaults, then `file` (if given), then the environment.
     pub fn load(file: Option<&Path>) -> anyhow::Result<Config> {
@@ -281,11 +293,17 @@ impl Config {
             );
             figment = figment.merge(Toml::file(file));
         }
-        figment = figment.merge(Env::prefixed("BC_").split("__")).merge(
-            Env::raw()
-                .only(&["DATABASE_URL"])
-                .map(|_| "database_url".into()),
-        );
+        figment = figment
+            .merge(
+                Env::prefixed("BC_")
+                    .filter(|key| !is_tooling_variable(key.as_str()))
+                    .split("__"),
+            )
+            .merge(
+                Env::raw()
+                    .only(&["DATABASE_URL"])
+                    .map(|_| "database_url".into()),
+            );
         Ok(figment.extract()?)
     }
 
@@ -355,6 +373,17 @@ mod tests {
             jail.set_env("BC_AUTH__AUDIENCE", "fleet");
             jail.set_env("DATABASE_URL", "postgres://db/x");
             jail.set_env("BC_DASHBOARD_DIR", "/srv/dashboard");
+            // The scripts' own variables are not configuration.
+            for tooling in [
+                "BC_CONFIG",
+                "BC_BIN",
+                "BC_TOOLS_DIR",
+                "BC_TEST_BACKENDS",
+                "BC_WEB_STRICT",
+                "BC_BENCH_NODES",
+            ] {
+                jail.set_env(tooling, "x");
+            }
             let config = Config::load(Some(Path::new("bc.toml"))).map_err(|e| e.to_string())?;
             assert_eq!(config.listen.port(), 9000);
             assert_eq!(config.graphql.max_depth, 5);
