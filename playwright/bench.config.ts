@@ -6,6 +6,7 @@ import base from './playwright.config';
 export default defineConfig({
   ...base,
   testDir: './bench',
+  testMatch: '**/*.bench.ts',
   timeout: 30 * 60_000,
   expect: { timeout: 10 * 60_000 },
 });
