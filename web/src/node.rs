@@ -36,36 +36,53 @@ pub fn NodePage() -> impl IntoView {
     move || view! { <NodeView id=id()/> }
 }
 
-/// The node as a fleet-table row, which is what a conflict compares.
+/// The node as a fleet-table row, which is what a conflict compares. The page selects every
+/// field of the FleetRow fragment (and more), so the row is read from the same JSON rather
+/// than mapped a second time.
 pub fn row_of(node: &Node) -> Row {
-    Row {
-        id: node.id.clone(),
-        hostname: node.hostname.clone(),
-        site_id: node.site_id.clone(),
-        pool_id: node.pool_id.clone(),
-        role: seed_spelling(&wire(&node.role)),
-        trust: seed_spelling(&wire(&node.trust)),
-        version: node.version,
-        provision_state: seed_spelling(&wire(&node.provision_state)),
-        maintenance: node.maintenance,
-        cordoned: node.cordoned,
-        connectivity: seed_spelling(&wire(&node.connectivity)),
-        conditions: node
-            .conditions
-            .iter()
-            .filter(|c| matches!(c.status, node_page::ConditionStatus::TRUE))
-            .map(|c| c.type_.clone())
-            .collect(),
-        reasons: node.no_schedule_reasons.clone(),
-        gpus: node.gpu_count,
-        schedulable: node.schedulability.schedulable,
-        bucket: seed_spelling(&wire(&node.schedulability.bucket)),
+    serde_json::to_value(node)
+        .ok()
+        .and_then(|v| serde_json::from_value(v).ok())
+        .map(crate::store::row_from_feed)
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_page_reads_as_its_fleet_row() {
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "id": "node_1", "hostname": "gpu-1", "siteId": "site_a", "poolId": "pool_a",
+            "role": "HOST", "trust": "TENANT_OWNED", "version": 4, "provisionState": "ADOPTED",
+            "maintenance": false, "cordoned": true, "connectivity": "CONNECTED",
+            "noScheduleReasons": ["GpuCountMismatch"], "gpuCount": 7,
+            "ownerTenantId": null, "hardwareKeyTrusted": true, "generation": 1,
+            "observedGeneration": 1, "identityGeneration": 1, "failedFrom": null,
+            "maintenanceReason": null, "cordon": null, "drain": null,
+            "connectivitySince": "2026-12-02T15:00:00Z", "labels": [], "taints": [],
+            "conditions": [{ "type": "GpuCountMismatch", "status": "TRUE", "reason": "r",
+                "message": "m", "noSchedule": true, "setBy": "controller:inventory",
+                "lastTransitionAt": "2026-12-02T15:00:00Z", "updatedAt": "2026-12-02T15:00:00Z" }],
+            "session": null,
+            "schedulability": { "schedulable": false, "bucket": "UNHEALTHY",
+                "failingChecks": [], "reasons": [] },
+            "devices": [], "createdAt": "2026-12-02T15:00:00Z", "updatedAt": "2026-12-02T15:00:00Z",
+            "commands": { "nodes": [] }
+        }))
+        .expect("a node page");
+        let row = row_of(&node);
+        assert_eq!(row.hostname, "gpu-1");
+        assert_eq!(row.trust, "tenant-owned");
+        assert_eq!(row.version, 4);
+        assert!(row.cordoned);
+        assert_eq!(row.conditions, ["GpuCountMismatch"]);
+        assert_eq!(row.gpus, 7);
+        assert_eq!(row.bucket, "unhealthy");
     }
 }
 
-/// The open dialog, with the node as it was when the dialog opened: the version its action
-/// passes, and what a conflict compares against. It lives outside the node's view, which is
-/// rebuilt on every reread, so a reread never resets what the operator is typing.
 #[derive(Clone)]
 enum Dialog {
     Action(ActionKind, ActionInput, Row),
