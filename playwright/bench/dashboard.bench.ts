@@ -94,6 +94,7 @@ test(`the dashboard with ${NODES} nodes`, async ({ page }) => {
           h: hostname,
         });
         ids.push(data.enrollNode.id);
+        if (ids.length % 1000 === 0) console.log(`enrolled ${ids.length} in ${((Date.now() - enrollStart) / 1000).toFixed(1)} s`);
       }
     }),
   );
@@ -117,20 +118,22 @@ test(`the dashboard with ${NODES} nodes`, async ({ page }) => {
   rows.push([`scroll frames, ${CHANGES_PER_S} changes/s arriving`, summary(busy)]);
   rows.push(['changes sent during that', String(changes)]);
 
-  // Sorting all rows by a column, from the click to the new first row.
+  // Sorting all rows by a column: from the click to the second animation frame after it,
+  // by when the new order has been computed and painted. (Waiting for a new first row
+  // instead would wait forever on a column whose values are all equal, such as gpus here.)
   const sortTimes: number[] = [];
   for (const column of ['hostname', 'hostname', 'gpus', 'cordoned']) {
-    const before = await page.locator('[data-testid="fleet-row"]').first().getAttribute('data-node');
-    const t0 = Date.now();
-    await page.getByTestId(`sort-${column}`).click();
-    await page.waitForFunction(
-      (b) => document.querySelector('[data-testid="fleet-row"]')?.getAttribute('data-node') !== b,
-      before,
-      { polling: 'raf' },
-    ).catch(() => {});
-    sortTimes.push(Date.now() - t0);
+    sortTimes.push(
+      await page.evaluate(async (key) => {
+        const header = document.querySelector(`[data-testid="sort-${key}"]`) as HTMLElement;
+        const t0 = performance.now();
+        header.click();
+        await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(() => r(null))));
+        return performance.now() - t0;
+      }, column),
+    );
   }
-  rows.push(['sort (click to new order, 4 sorts)', summary(sortTimes)]);
+  rows.push(['sort (click to painted, 4 sorts)', summary(sortTimes)]);
   await page.getByTestId('sort-hostname').click();
 
   // Mutation to row: cordon the first visible node through the API, wait for its cell.

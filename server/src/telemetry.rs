@@ -20,7 +20,10 @@ pub fn init_logging(config: &LogConfig) {
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&config.filter));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_target(true);
+        .with_target(true)
+        // Logs go to stderr so that stdout carries only what a command prints for its user
+        // (`dev`'s sign-in link, `sim`'s progress), which scripts and tests read.
+        .with_writer(std::io::stderr);
     // A second call (tests start several servers in one process) keeps the first subscriber.
     let _ = match config.format {
         LogFormat::Json => builder.json().flatten_event(true).try_init(),

@@ -8,7 +8,7 @@ use leptos_router::components::A;
 
 use crate::actions::{ActionDialog, ActionKind, CommandDialog};
 use crate::app::ctx;
-use crate::model::{Column, FilterKind, Row, visible_rows};
+use crate::model::{Column, FilterKind, Filters, Names, Row, Sort, apply_changes, visible_rows};
 
 /// Every row has this height (CSS `.fleet tr` agrees), which is what lets the table place the
 /// window of rows it renders without measuring any of them.
@@ -16,6 +16,9 @@ const ROW_HEIGHT_PX: f64 = 30.0;
 /// Rows rendered beyond each edge of the viewport, so a fast scroll shows rows, not gaps,
 /// before the next window is rendered.
 const OVERSCAN_ROWS: usize = 8;
+/// Past this many changed rows in one batch (the snapshot arriving, a bulk action), one sort
+/// of everything is cheaper than moving each row on its own (a scan of the table each).
+const INCREMENTAL_LIMIT: usize = 500;
 
 /// The dialog open on the fleet page, with the rows it acts on as they were when it opened.
 #[derive(Clone)]
@@ -33,15 +36,43 @@ pub fn FleetPage() -> impl IntoView {
     let viewport = RwSignal::new(900.0_f64);
 
     // Filtering and sorting run once per applied batch of changes (or a filter or sort
-    // change), never per row rendered.
+    // change), never per row rendered. A batch that follows the one already shown, under the
+    // same filters, sort and names, moves only the rows it changed (`apply_changes`); anything
+    // else recomputes the whole order.
     let visible = RwSignal::new(Arc::new(Vec::<Arc<Row>>::new()));
+    let shown = StoredValue::new(None::<(u64, Filters, Sort, Names)>);
     Effect::new(move |_| {
-        store.revision.track();
-        let rows = ctx.filters.with(|filters| {
-            ctx.names.with(|names| {
-                store.with_rows(|rows| visible_rows(rows.values(), filters, ctx.sort.get(), names))
+        let revision = store.revision.get();
+        let filters = ctx.filters.get();
+        let sort = ctx.sort.get();
+        let names = ctx.names.get();
+        let follows = shown.with_value(|s| {
+            s.as_ref().is_some_and(|(r, f, o, n)| {
+                *r + 1 == revision && *f == filters && *o == sort && *n == names
             })
         });
+        let changed = if follows {
+            store.changed_in(revision)
+        } else {
+            None
+        };
+        let rows = match changed {
+            Some(ids) if ids.len() <= INCREMENTAL_LIMIT => {
+                let mut rows = (*visible.get_untracked()).clone();
+                store.with_rows(|all| {
+                    apply_changes(
+                        &mut rows,
+                        ids.iter().map(|id| (id.as_str(), all.get(id))),
+                        &filters,
+                        sort,
+                        &names,
+                    );
+                });
+                rows
+            }
+            _ => store.with_rows(|all| visible_rows(all.values(), &filters, sort, &names)),
+        };
+        shown.set_value(Some((revision, filters, sort, names)));
         visible.set(Arc::new(rows));
     });
     let total = Memo::new(move |_| {

@@ -24,6 +24,9 @@ pub struct FleetStore {
     pending: StoredValue<Vec<Row>>,
     /// Bumped each time a batch of changes has been applied.
     pub revision: RwSignal<u64>,
+    /// The revision the last batch produced and the ids it changed, so a view can move just
+    /// those rows; `None` after a change that is not a batch (sign-out forgets every row).
+    last_batch: StoredValue<Option<(u64, Vec<String>)>>,
     pub state: RwSignal<LiveState>,
     feed: StoredValue<Option<LiveHandle>>,
 }
@@ -34,6 +37,7 @@ impl FleetStore {
             rows: StoredValue::new(HashMap::new()),
             pending: StoredValue::new(Vec::new()),
             revision: RwSignal::new(0),
+            last_batch: StoredValue::new(None),
             state: RwSignal::new(LiveState::Connecting),
             feed: StoredValue::new(None),
         };
@@ -64,6 +68,7 @@ impl FleetStore {
         self.feed.set_value(None);
         self.pending.update_value(Vec::clear);
         self.rows.update_value(HashMap::clear);
+        self.last_batch.set_value(None);
         self.revision.update(|r| *r += 1);
     }
 
@@ -75,6 +80,7 @@ impl FleetStore {
         if batch.is_empty() {
             return;
         }
+        let mut changed = Vec::with_capacity(batch.len());
         self.rows.update_value(|rows| {
             for row in batch {
                 // A change can overtake nothing: the feed is ordered, but a snapshot page and
@@ -83,16 +89,27 @@ impl FleetStore {
                     .get(&row.id)
                     .is_none_or(|old| old.version <= row.version);
                 if newer {
+                    changed.push(row.id.clone());
                     rows.insert(row.id.clone(), Arc::new(row));
                 }
             }
         });
-        self.revision.update(|r| *r += 1);
+        let revision = self.revision.get_untracked() + 1;
+        self.last_batch.set_value(Some((revision, changed)));
+        self.revision.set(revision);
     }
 
     /// Reads the rows (track `revision` to be told when they change).
     pub fn with_rows<R>(&self, f: impl FnOnce(&HashMap<String, Arc<Row>>) -> R) -> R {
         self.rows.with_value(f)
+    }
+
+    /// The ids the batch that produced `revision` changed, if that is the newest batch.
+    pub fn changed_in(&self, revision: u64) -> Option<Vec<String>> {
+        self.last_batch.with_value(|last| match last {
+            Some((r, ids)) if *r == revision => Some(ids.clone()),
+            _ => None,
+        })
     }
 
     pub fn row(&self, id: &str) -> Option<Arc<Row>> {
