@@ -40,11 +40,7 @@ pub fn NodePage() -> impl IntoView {
 /// field of the FleetRow fragment (and more), so the row is read from the same JSON rather
 /// than mapped a second time.
 pub fn row_of(node: &Node) -> Row {
-    serde_json::to_value(node)
-        .ok()
-        .and_then(|v| serde_json::from_value(v).ok())
-        .map(crate::store::row_from_feed)
-        .unwrap_or_default()
+    crate::store::row_from_fragment(node)
 }
 
 #[cfg(test)]
@@ -83,6 +79,9 @@ mod tests {
     }
 }
 
+/// The open dialog, with the node as it was when the dialog opened: the version its action
+/// passes, and what a conflict compares against. It lives outside the node's view, which is
+/// rebuilt on every reread, so a reread never resets what the operator is typing.
 #[derive(Clone)]
 enum Dialog {
     Action(ActionKind, ActionInput, Row),

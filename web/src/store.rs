@@ -145,11 +145,19 @@ pub fn row_from_feed(node: fleet_changes::FleetRow) -> Row {
 
 /// The same row from a one-node read (a conflict on a node the feed has not caught up with).
 pub fn row_from_read(node: crate::gql::node_row_by_id::FleetRow) -> Row {
-    // Both are the FleetRow fragment, generated once per operation: go through JSON rather
-    // than copy the mapping field by field.
-    serde_json::to_value(&node)
-        .ok()
-        .and_then(|v| serde_json::from_value::<fleet_changes::FleetRow>(v).ok())
-        .map(row_from_feed)
-        .unwrap_or_default()
+    row_from_fragment(&node)
+}
+
+/// The row of any generated type that selects the FleetRow fragment's fields. `graphql_client`
+/// generates the fragment once per operation, so this goes through JSON rather than copy the
+/// mapping field by field. The fields are the fragment's, so it cannot fail unless the
+/// operations change; if it does, the console says so and the row stays empty.
+pub fn row_from_fragment(node: &impl serde::Serialize) -> Row {
+    match serde_json::to_value(node).and_then(serde_json::from_value::<fleet_changes::FleetRow>) {
+        Ok(row) => row_from_feed(row),
+        Err(err) => {
+            leptos::logging::error!("a node does not read as a fleet row: {err}");
+            Row::default()
+        }
+    }
 }
