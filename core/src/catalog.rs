@@ -4,8 +4,9 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-use crate::axes::{PoolAgent, PoolKind, Role, SiteKind, Trust};
+use crate::axes::{Adapter, PoolAgent, PoolKind, ProvisionState, Role, SiteKind, Trust};
 use crate::ids::{PoolId, SiteId, TenantId};
+use crate::node::NewNode;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Tenant {
@@ -73,6 +74,29 @@ impl Placement {
                 trust: Trust::Platform,
                 owner_tenant_id: None,
             },
+        }
+    }
+
+    /// The new node a machine in this site and pool becomes, entering at `provision_state`
+    /// (a join's `adopting`, an enrolment's `enrolling`): role, trust and owner from
+    /// [`Placement::of`], adapter and drivers from the pool (no pool: `bcd/v1`, no drivers).
+    pub fn new_node(
+        hostname: &str,
+        site: &Site,
+        pool: Option<&Pool>,
+        provision_state: ProvisionState,
+    ) -> NewNode {
+        let placement = Placement::of(site, pool);
+        NewNode {
+            hostname: hostname.to_owned(),
+            site_id: site.id.clone(),
+            pool_id: pool.map(|p| p.id.clone()),
+            owner_tenant_id: placement.owner_tenant_id,
+            role: placement.role,
+            trust: placement.trust,
+            adapter: pool.map_or(Adapter::BcdV1, |p| p.agent.adapter()),
+            drivers: pool.map(|p| p.drivers.clone()).unwrap_or_default(),
+            provision_state,
         }
     }
 }

@@ -81,6 +81,10 @@ struct GpusSection {
     devices: Vec<GpuReport>,
 }
 
+/// The kind of every device today. Devices are stored with a kind so that other kinds (NICs,
+/// GPU partitions) can join them without a new table.
+pub const GPU_DEVICE_KIND: &str = "gpu";
+
 /// One GPU as the control plane names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Device {

@@ -19,6 +19,7 @@ pub mod event;
 pub mod hardware;
 pub mod health;
 pub mod ids;
+pub mod join;
 pub mod node;
 pub mod protocol;
 pub mod provision;

@@ -14,7 +14,6 @@ use crate::controllers::{self, ControllerLoop};
 use crate::graphql::build_schema;
 use crate::http::{AppState, Dashboard, router};
 use crate::service::Services;
-use crate::store::Store;
 
 /// A server that is accepting requests.
 pub struct RunningServer {
@@ -70,7 +69,7 @@ impl RunningServer {
             let _ = tx.send(());
         }
         (&mut self.task).await??;
-        self.services.store.clone().close().await;
+        self.services.close().await;
         Ok(())
     }
 
@@ -84,17 +83,16 @@ impl RunningServer {
 /// Connects to the database, runs pending migrations and starts listening.
 pub async fn start(config: &Config, clock: Arc<dyn Clock>) -> anyhow::Result<RunningServer> {
     config.liveness.validate()?;
-    let store = Store::connect(&config.database_url(), &config.database).await?;
     let ca = Arc::new(crate::pki::Ca::load_or_create(
         &config.ca_dir(),
         clock.now(),
     )?);
-    store.migrate().await?;
+    let services =
+        Services::connect(&config.database_url(), &config.database, clock.clone(), ca).await?;
     let keys = Arc::new(TokenKeys::new(
         &config.jwt_secret()?,
         &config.auth.audience,
     )?);
-    let services = Services::new(store, clock.clone(), ca);
     let (feed_stop, feed_stopped) = tokio::sync::watch::channel(false);
     let feed = crate::feed::Feed::start(services.clone(), feed_stopped.clone()).await?;
     let gateway_feed = feed.clone();

@@ -25,7 +25,7 @@ pub struct Config {
     pub graphql: GraphqlConfig,
     pub log: LogConfig,
     pub liveness: LivenessConfig,
-    pub gateway: crate::gateway::GatewayConfig,
+    pub gateway: GatewayConfig,
 }
 
 /// Where `scripts/build-web` writes the dashboard, relative to the repository root: the
@@ -210,7 +210,7 @@ impl Default for Config {
             auth: AuthConfig::default(),
             graphql: GraphqlConfig::default(),
             log: LogConfig::default(),
-            gateway: crate::gateway::GatewayConfig::default(),
+            gateway: GatewayConfig::default(),
             liveness: LivenessConfig::default(),
         }
     }
@@ -341,20 +341,34 @@ impl Config {
             let bytes: [u8; 32] = rand::rng().random();
             bytes.iter().map(|b| format!("{b:02x}")).collect()
         };
-        write_private(&path, secret.as_bytes())?;
+        crate::private_file::write_private(&path, secret.as_bytes())?;
         Ok(secret.into_bytes())
     }
 }
 
-/// Writes a secret readable only by its owner.
-pub(crate) fn write_private(path: &Path, contents: &[u8]) -> anyhow::Result<()> {
-    use std::io::Write;
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create_new(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    options.open(path)?.write_all(contents)?;
-    Ok(())
+/// The daemon-facing gateway (`[gateway]`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GatewayConfig {
+    /// Where daemons connect (TLS).
+    pub listen: SocketAddr,
+    /// Names and addresses the gateway's server certificate is valid for.
+    pub hostnames: Vec<String>,
+    /// Where the CA's certificate and key live. Unset: `data_dir/ca`. Replicas must share it.
+    pub ca_dir: Option<PathBuf>,
+    /// This gateway's id in session rows. Unset: `gw-<random>` per process start.
+    pub gateway_id: Option<String>,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        GatewayConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8443)),
+            hostnames: vec!["localhost".to_owned(), "127.0.0.1".to_owned()],
+            ca_dir: None,
+            gateway_id: None,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -18,9 +18,7 @@ use std::time::Duration;
 use tokio::sync::{broadcast, watch};
 
 use crate::error::ApiError;
-use crate::service::Services;
-use crate::store::events;
-use crate::store::rows::StoredEvent;
+use crate::service::{Services, StoredEvent};
 
 /// Events the broadcast holds for slow subscribers before they must resume from the table.
 pub const FEED_BUFFER: usize = 4096;
@@ -29,8 +27,6 @@ const READ_BATCH: u64 = 1000;
 /// The tailer reads the table at least this often even without a wakeup: a missed
 /// notification (a dropped LISTEN connection) delays events by at most this much.
 const POLL_FALLBACK: Duration = Duration::from_secs(1);
-/// How long to wait before re-opening a dropped LISTEN connection.
-const LISTEN_RETRY: Duration = Duration::from_secs(1);
 
 /// One event with its node as it is now (absent for events not about a node).
 #[derive(Debug, Clone)]
@@ -52,7 +48,7 @@ impl Feed {
         services: Services,
         shutdown: watch::Receiver<bool>,
     ) -> anyhow::Result<Arc<Feed>> {
-        let start = events::head(services.store.db()).await?;
+        let start = services.event_head().await?;
         let (tx, _) = broadcast::channel(FEED_BUFFER);
         let (head, _) = watch::channel(start);
         let feed = Arc::new(Feed {
@@ -60,9 +56,9 @@ impl Feed {
             head,
             stopped: shutdown.clone(),
         });
-        let wake = services.store.committed();
-        if services.store.backend() == sea_orm::DbBackend::Postgres {
-            tokio::spawn(listen(services.clone(), wake.clone(), shutdown.clone()));
+        let wake = services.committed_writes();
+        if let Some(listener) = services.other_writers_listener(wake.clone(), shutdown.clone()) {
+            tokio::spawn(listener);
         }
         tokio::spawn(tail(feed.clone(), services, wake, shutdown));
         Ok(feed)
@@ -85,9 +81,9 @@ impl Feed {
             let mut last = after;
             // Replay from the table until it has nothing newer.
             loop {
-                let batch = match events::after(services.store.db(), last, READ_BATCH).await {
+                let batch = match services.events_after(last, READ_BATCH).await {
                     Ok(batch) => batch,
-                    Err(err) => { yield Err(ApiError::from(err)); return; }
+                    Err(err) => { yield Err(err); return; }
                 };
                 if batch.is_empty() {
                     break;
@@ -161,10 +157,10 @@ async fn tail(
     loop {
         loop {
             let head = feed.head();
-            let batch = match events::after(services.store.db(), head, READ_BATCH).await {
+            let batch = match services.events_after(head, READ_BATCH).await {
                 Ok(batch) => batch,
                 Err(err) => {
-                    tracing::warn!(error = %err, "the event feed could not read new events");
+                    tracing::warn!(code = err.code(), reason = %err.message(), "the event feed could not read new events");
                     break;
                 }
             };
@@ -189,40 +185,6 @@ async fn tail(
         tokio::select! {
             () = wake.notified() => {}
             () = tokio::time::sleep(POLL_FALLBACK) => {}
-            _ = shutdown.changed() => return,
-        }
-    }
-}
-
-/// Wakes the tailer when another replica commits events (PostgreSQL `LISTEN`).
-async fn listen(
-    services: Services,
-    wake: Arc<tokio::sync::Notify>,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    use sea_orm::sqlx::postgres::PgListener;
-    loop {
-        let pool = services.store.db().get_postgres_connection_pool().clone();
-        let listener = async {
-            let mut listener = PgListener::connect_with(&pool).await?;
-            listener.listen(events::NOTIFY_CHANNEL).await?;
-            loop {
-                listener.recv().await?;
-                wake.notify_one();
-            }
-            #[allow(unreachable_code)]
-            Ok::<(), sea_orm::sqlx::Error>(())
-        };
-        tokio::select! {
-            result = listener => {
-                if let Err(err) = result {
-                    tracing::warn!(error = %err, "LISTEN for new events failed; retrying");
-                }
-            }
-            _ = shutdown.changed() => return,
-        }
-        tokio::select! {
-            () = tokio::time::sleep(LISTEN_RETRY) => {}
             _ = shutdown.changed() => return,
         }
     }

@@ -267,7 +267,7 @@ async fn healthz() -> &'static str {
 
 /// Ready when the database answers.
 async fn readyz(State(state): State<AppState>) -> Response {
-    if state.services.store.ping().await {
+    if state.services.database_ready().await {
         (StatusCode::OK, "ready").into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "database unreachable").into_response()
@@ -275,16 +275,18 @@ async fn readyz(State(state): State<AppState>) -> Response {
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
-    let (size, idle) = state.services.store.pool_stats();
+    let (size, idle) = state.services.database_pool_stats();
     metrics::gauge!("bc_db_pool_connections").set(f64::from(size));
     metrics::gauge!("bc_db_pool_idle_connections").set(idle as f64);
-    match crate::store::commands::depths(state.services.store.db()).await {
+    match state.services.command_queue_depths().await {
         Ok(depths) => {
             for (status, count) in depths {
                 metrics::gauge!("bc_commands", "status" => status.to_string()).set(count as f64);
             }
         }
-        Err(err) => tracing::warn!(error = %err, "counting the command queue for /metrics failed"),
+        Err(err) => {
+            tracing::warn!(code = err.code(), reason = %err.message(), "counting the command queue for /metrics failed")
+        }
     }
     let handle = crate::telemetry::metrics_handle();
     handle.run_upkeep();

@@ -10,6 +10,6 @@ pub mod gateway;
 pub mod graphql;
 pub mod http;
 pub mod pki;
+pub mod private_file;
 pub mod service;
-pub mod store;
 pub mod telemetry;

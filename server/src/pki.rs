@@ -94,7 +94,7 @@ impl Ca {
         params.not_after = to_time(now + Duration::days(CA_LIFETIME_DAYS));
         params.serial_number = Some(random_serial());
         let cert = params.self_signed(&key)?;
-        crate::config::write_private(&key_path, key.serialize_pem().as_bytes())?;
+        crate::private_file::write_private(&key_path, key.serialize_pem().as_bytes())?;
         std::fs::write(&cert_path, cert.pem())?;
         tracing::info!(path = %cert_path.display(), "created the control plane CA");
         Ca::new(cert.pem(), Issuer::new(params, key))

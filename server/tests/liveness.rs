@@ -13,8 +13,7 @@ use better_compute::controllers::liveness::{
     CAUSE_HEARD_AGAIN, CAUSE_LOST, CAUSE_TIMEOUT, EVENT_PAUSED, EVENT_RESUMED,
 };
 use better_compute::controllers::{DrainController, LivenessController, LivenessReport};
-use better_compute::store::rows::StoredEvent;
-use better_compute::store::{events, nodes};
+use better_compute::service::StoredEvent;
 use chrono::{DateTime, Duration, Utc};
 use sea_orm::ActiveValue::Set;
 use sea_orm::sea_query::Expr;
@@ -94,13 +93,7 @@ async fn connected_nodes(s: &TestServer, site: &(SiteId, PoolId), count: usize) 
 /// What the gateway writes on `Hello`: a session row, open, heartbeated now.
 async fn open_sessions(s: &TestServer, ids: &[NodeId]) {
     let at = now(s);
-    let txn = s
-        .server
-        .services
-        .store
-        .write()
-        .await
-        .expect("a write transaction");
+    let db = s.database().await;
     node_session::Entity::insert_many(ids.iter().map(|id| node_session::ActiveModel {
         node_id: Set(id.to_string()),
         epoch: Set(1),
@@ -109,34 +102,28 @@ async fn open_sessions(s: &TestServer, ids: &[NodeId]) {
         disconnected_at: Set(None),
         last_seen: Set(at),
     }))
-    .exec_without_returning(&*txn)
+    .exec_without_returning(&db)
     .await
     .expect("inserting sessions");
-    txn.commit().await.expect("committing");
 }
 
 /// What the gateway writes on a heartbeat: `last_seen` only.
 async fn heartbeat(s: &TestServer, ids: &[NodeId]) {
-    let txn = s
-        .server
-        .services
-        .store
-        .write()
-        .await
-        .expect("a write transaction");
+    let db = s.database().await;
     node_session::Entity::update_many()
         .col_expr(node_session::Column::LastSeen, Expr::value(now(s)))
         .filter(node_session::Column::NodeId.is_in(ids.iter().map(ToString::to_string)))
-        .exec(&*txn)
+        .exec(&db)
         .await
         .expect("updating sessions");
-    txn.commit().await.expect("committing");
 }
 
 async fn load(s: &TestServer, id: &NodeId) -> NodeRecord {
-    nodes::load(s.server.services.store.db(), id, false)
+    s.server
+        .services
+        .node_record(id)
         .await
-        .expect("loading a node")
+        .unwrap_or_else(|err| panic!("loading a node: {}", err.message()))
         .expect("the node exists")
 }
 
@@ -150,9 +137,12 @@ async fn connectivity(s: &TestServer, ids: &[NodeId]) -> Vec<Connectivity> {
 
 /// A node's events, oldest first.
 async fn node_events(s: &TestServer, id: &NodeId) -> Vec<StoredEvent> {
-    let mut list = events::for_node(s.server.services.store.db(), id.as_str(), None, 100)
+    let mut list = s
+        .server
+        .services
+        .node_history(id, None, 100)
         .await
-        .expect("listing events");
+        .unwrap_or_else(|err| panic!("listing events: {}", err.message()));
     list.reverse();
     list
 }
@@ -163,7 +153,7 @@ async fn site_events(s: &TestServer, event_type: &str) -> Vec<event::Model> {
         .filter(event::Column::EventType.eq(event_type))
         .filter(event::Column::NodeId.is_null())
         .order_by_asc(event::Column::Seq)
-        .all(s.server.services.store.db())
+        .all(&s.database().await)
         .await
         .expect("listing events")
 }
@@ -329,23 +319,16 @@ async fn closed_and_missing_sessions() {
         s.insert_nodes(&[sessionless.clone(), closed.clone(), never.clone()])
             .await;
         open_sessions(s, std::slice::from_ref(&closed.id)).await;
-        let txn = s
-            .server
-            .services
-            .store
-            .write()
-            .await
-            .expect("a write transaction");
+        let db = s.database().await;
         node_session::Entity::update_many()
             .col_expr(
                 node_session::Column::DisconnectedAt,
                 Expr::value(Some(now(s))),
             )
             .filter(node_session::Column::NodeId.eq(closed.id.to_string()))
-            .exec(&*txn)
+            .exec(&db)
             .await
             .expect("closing the session");
-        txn.commit().await.expect("committing");
         let ids = [sessionless.id.clone(), closed.id.clone(), never.id.clone()];
 
         s.clock.advance(GRACE);

@@ -1489,10 +1489,12 @@ async fn a_deleted_node_is_gone_from_the_api_but_its_history_stays() {
         }
 
         // The history stays in the log, newest first; the identity was revoked first.
-        let db = s.server.services.store.db();
-        let history = better_compute::store::events::for_node(db, &id, None, 100)
+        let services = &s.server.services;
+        let node_id = NodeId::parse(&id).expect("id");
+        let history = services
+            .node_history(&node_id, None, 100)
             .await
-            .expect("reading events");
+            .unwrap_or_else(|err| panic!("reading events: {}", err.message()));
         let summary: Vec<(&str, Option<&str>, Option<&str>, &str)> = history
             .iter()
             .map(|e| {
@@ -1516,9 +1518,10 @@ async fn a_deleted_node_is_gone_from_the_api_but_its_history_stays() {
         assert!(history.iter().all(|e| e.actor == ACTOR));
 
         // The row stays (soft delete) with the bumped identity generation.
-        let stored = better_compute::store::nodes::load(db, &NodeId::parse(&id).expect("id"), false)
+        let stored = services
+            .node_record(&node_id)
             .await
-            .expect("reading the node")
+            .unwrap_or_else(|err| panic!("reading the node: {}", err.message()))
             .expect("the row stays");
         assert_eq!(stored.identity_generation, 2);
         assert_eq!(stored.deleted_at, Some(now(s)));

@@ -5,14 +5,12 @@
 //!
 //! Every wait is for a message, bounded by [`WAIT`]; nothing sleeps and nothing is timed.
 
-use bc_core::Actor;
 use bc_core::ids::{EventId, TenantId};
 use bc_testing::subscription::{ConnectError, ConnectOptions, SubMessage, SubscriptionClient};
 use bc_testing::{Backend, TestServer, each_backend};
 use better_compute::auth::{Role, TokenKeys};
 use better_compute::feed::FEED_BUFFER;
-use better_compute::store::events;
-use better_compute::store::rows::StoredEvent;
+use better_compute::service::StoredEvent;
 use chrono::{Duration as ChronoDuration, Utc};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
@@ -145,13 +143,15 @@ async fn apply(s: &TestServer, node: &mut Node, change: Change) {
 
 /// Every event of the table after `after`, oldest first, read in pages.
 async fn table_after(s: &TestServer, after: i64) -> Vec<StoredEvent> {
-    let db = s.server.services.store.db();
     let mut all: Vec<StoredEvent> = Vec::new();
     let mut last = after;
     loop {
-        let page = events::after(db, last, 1000)
+        let page = s
+            .server
+            .services
+            .events_after(last, 1000)
             .await
-            .expect("reading the event table");
+            .unwrap_or_else(|err| panic!("reading the event table: {}", err.message()));
         let Some(newest) = page.last() else { break };
         last = newest.id.0;
         all.extend(page);
@@ -161,9 +161,11 @@ async fn table_after(s: &TestServer, after: i64) -> Vec<StoredEvent> {
 
 /// The newest event's sequence number.
 async fn head(s: &TestServer) -> i64 {
-    events::head(s.server.services.store.db())
+    s.server
+        .services
+        .event_head()
         .await
-        .expect("reading the event head")
+        .unwrap_or_else(|err| panic!("reading the event head: {}", err.message()))
 }
 
 /// `evt_<seq>` as its sequence number.
@@ -808,28 +810,15 @@ fn socket_buffer_bound() -> usize {
 /// One transaction of `CHUNK` filler events (not about a node), then the feed is woken by
 /// the commit.
 async fn append_chunk(s: &TestServer, chunk: usize) {
-    let txn = s
-        .server
-        .services
-        .store
-        .write()
-        .await
-        .expect("a write transaction");
     let pad = "x".repeat(PAD_BYTES);
-    let now = Utc::now();
-    for i in 0..CHUNK {
-        events::append_other(
-            &*txn,
-            "test.filler",
-            None,
-            &Actor::System,
-            json!({ "chunk": chunk, "i": i, "pad": pad }),
-            now,
-        )
+    let batch: Vec<(&str, Value)> = (0..CHUNK)
+        .map(|i| ("test.filler", json!({ "chunk": chunk, "i": i, "pad": pad })))
+        .collect();
+    s.server
+        .services
+        .append_events_for_tests(&batch)
         .await
-        .expect("appending an event");
-    }
-    txn.commit().await.expect("committing");
+        .unwrap_or_else(|err| panic!("appending events: {}", err.message()));
 }
 
 /// A subscriber that stops reading falls more than `FEED_BUFFER` events behind while a

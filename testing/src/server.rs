@@ -275,6 +275,15 @@ impl TestServer {
         &self.shared.database.url
     }
 
+    /// A connection of the test's own to the server's database, for fixtures no use case
+    /// writes (a session row, say) and for reading tables as they are. The server reaches
+    /// storage only through its services; a test may reach it here.
+    pub async fn database(&self) -> sea_orm::DatabaseConnection {
+        sea_orm::Database::connect(self.database_url())
+            .await
+            .expect("connecting to the test database")
+    }
+
     pub fn url(&self) -> String {
         self.server.url()
     }
@@ -392,34 +401,16 @@ impl TestServer {
     /// Writes a node straight into storage, in any state: the fixture for tests that need
     /// states the API cannot reach quickly (or at all before joining exists).
     pub async fn insert_node(&self, node: &bc_core::node::NodeRecord) {
-        let txn = self
-            .server
-            .services
-            .store
-            .write()
-            .await
-            .expect("a write transaction");
-        better_compute::store::nodes::insert(&*txn, node)
-            .await
-            .expect("inserting a node");
-        txn.commit().await.expect("committing");
+        self.insert_nodes(std::slice::from_ref(node)).await;
     }
 
     /// [`TestServer::insert_node`] for many nodes, in one transaction.
     pub async fn insert_nodes(&self, nodes: &[bc_core::node::NodeRecord]) {
-        let txn = self
-            .server
+        self.server
             .services
-            .store
-            .write()
+            .insert_nodes_for_tests(nodes)
             .await
-            .expect("a write transaction");
-        for node in nodes {
-            better_compute::store::nodes::insert(&*txn, node)
-                .await
-                .expect("inserting a node");
-        }
-        txn.commit().await.expect("committing");
+            .unwrap_or_else(|err| panic!("inserting nodes: {}", err.message()));
     }
 
     /// The gateway's base URL (`https://127.0.0.1:<port>`).

@@ -12,8 +12,8 @@
 use bc_core::Actor;
 
 use super::{Applied, apply};
+use crate::error::ApiError;
 use crate::service::Services;
-use crate::store::liveness as queries;
 
 /// The controller's name: events say `controller:drain`.
 pub const ACTOR: &str = "drain";
@@ -48,10 +48,9 @@ impl DrainController {
     }
 
     /// One pass: ends every drain whose deadline is at or before now.
-    pub async fn tick(&mut self) -> anyhow::Result<DrainReport> {
+    pub async fn tick(&mut self) -> Result<DrainReport, ApiError> {
         let mut report = DrainReport::default();
-        let now = self.services.clock.now();
-        for drain in queries::drains_past_deadline(self.services.store.db(), now).await? {
+        for drain in self.services.drains_past_deadline().await? {
             let applied = apply(
                 &self.services,
                 &self.actor,

@@ -10,15 +10,14 @@
 //!   schedulable when nothing else blocks it.
 
 use bc_core::Actor;
-use bc_core::axes::{Connectivity, ProvisionState};
+use bc_core::axes::ProvisionState;
 use bc_core::command::{CommandKind, CommandStatus, NewCommand};
 use bc_core::provision::ProvisionMove;
 
 use super::{Applied, apply};
 use crate::error::ApiError;
+use crate::service::CommandFilter;
 use crate::service::Services;
-use crate::service::nodes::NodeFilter;
-use crate::store::commands::CommandFilter;
 
 /// Nodes looked at per pass at most; the rest wait for the next tick.
 const MAX_PER_TICK: u64 = 2_000;
@@ -54,15 +53,7 @@ impl LifecycleController {
     }
 
     async fn acceptance(&mut self, report: &mut LifecycleReport) -> Result<(), ApiError> {
-        let filter = NodeFilter {
-            provision_states: vec![ProvisionState::Adopting],
-            connectivity: vec![Connectivity::Connected],
-            ..NodeFilter::default()
-        };
-        let read = self.services.store.read().await?;
-        let candidates = crate::store::nodes::list(&read, &filter, None, MAX_PER_TICK).await?;
-        drop(read);
-        for node in candidates.into_iter().filter(|n| n.gpu_count > 0) {
+        for node in self.services.acceptance_candidates(MAX_PER_TICK).await? {
             let mine = CommandFilter {
                 node_ids: vec![node.id.clone()],
                 kinds: vec![CommandKind::DiagNvml],
@@ -134,12 +125,10 @@ impl LifecycleController {
 
     async fn node_spec(&mut self, report: &mut LifecycleReport) -> Result<(), ApiError> {
         let states = [ProvisionState::Adopted, ProvisionState::Deployed];
-        let waiting = crate::store::nodes::awaiting_first_spec(
-            self.services.store.db(),
-            &states,
-            MAX_PER_TICK,
-        )
-        .await?;
+        let waiting = self
+            .services
+            .nodes_awaiting_first_spec(&states, MAX_PER_TICK)
+            .await?;
         let actor = Actor::Controller("node-spec".into());
         for (id, version) in waiting {
             let outcome = apply(

@@ -74,8 +74,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::{Applied, apply};
 use crate::config::LivenessConfig;
 use crate::service::Services;
-use crate::store::liveness::{self as queries, Candidate, SiteLiveness};
-use crate::store::{catalog, events};
+use crate::service::liveness::{Candidate, SiteLiveness};
 
 /// The controller's name: events and reasons say `controller:liveness`.
 pub const ACTOR: &str = "liveness";
@@ -185,18 +184,20 @@ impl LivenessController {
         let mut report = LivenessReport::default();
         let now = self.services.clock.now();
         let cutoff = now - self.config.grace();
-        let db = self.services.store.db();
 
         // 1. Recovery first, whatever the brake says.
-        for node in queries::heard_again(db, cutoff).await? {
+        for node in self.services.nodes_heard_again(cutoff).await? {
             let applied = self
                 .transition(&node, Connectivity::Connected, CAUSE_HEARD_AGAIN)
                 .await;
             report.count(applied, Connectivity::Connected);
         }
 
-        let silent = queries::silent(db, cutoff).await?;
-        let expired = queries::unreachable_since_before(db, now - self.config.lost_after()).await?;
+        let silent = self.services.silent_nodes(cutoff).await?;
+        let expired = self
+            .services
+            .nodes_unreachable_since_before(now - self.config.lost_after())
+            .await?;
 
         if now < self.started_at + self.config.grace() {
             report.held_at_startup = silent.len() + expired.len();
@@ -259,12 +260,10 @@ impl LivenessController {
             .chain(self.paused.keys().cloned())
             .collect();
         let sites: Vec<SiteId> = sites.into_iter().collect();
-        let numbers = queries::site_liveness(
-            self.services.store.db(),
-            &sites,
-            now - self.config.brake_window(),
-        )
-        .await?;
+        let numbers = self
+            .services
+            .site_liveness(&sites, now - self.config.brake_window())
+            .await?;
 
         for site in sites {
             let SiteLiveness {
@@ -311,10 +310,6 @@ impl LivenessController {
         brake: Brake,
         now: DateTime<Utc>,
     ) -> anyhow::Result<()> {
-        let txn = self.services.store.write().await?;
-        let owner = catalog::site(&*txn, site)
-            .await?
-            .and_then(|s| s.owner_tenant_id);
         let data = serde_json::json!({
             "siteId": site,
             "silent": brake.silent,
@@ -325,16 +320,9 @@ impl LivenessController {
             "minNodes": self.config.brake_min_nodes,
             "windowSecs": self.config.brake_window_secs,
         });
-        events::append_other(
-            &*txn,
-            event_type,
-            owner.as_ref().map(|t| t.as_str()),
-            &self.actor,
-            data,
-            now,
-        )
-        .await?;
-        txn.commit().await?;
+        self.services
+            .record_site_liveness_event(site, event_type, &self.actor, data, now)
+            .await?;
         Ok(())
     }
 }

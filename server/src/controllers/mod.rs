@@ -2,7 +2,7 @@
 //! true (a heartbeat that never came, a drain deadline that passed).
 //!
 //! A controller never writes a node itself. It finds candidates with one query per rule
-//! (`store::liveness`), then hands each to [`Services::apply_node_change`] with its own
+//! (a `Services` read such as `silent_nodes`), then hands each to [`Services::apply_node_change`] with its own
 //! actor and the `version` the query read: the row is locked, the domain transition applied,
 //! `version` bumped and the events written in one transaction. A node that changed since the
 //! query is `CONFLICT` and is simply looked at again on the next tick.
@@ -17,10 +17,8 @@ pub mod lifecycle;
 pub mod liveness;
 
 use bc_core::Actor;
-use bc_core::event::Change;
 use bc_core::ids::NodeId;
 use bc_core::node::NodeRecord;
-use chrono::{DateTime, Utc};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
@@ -33,6 +31,7 @@ pub use liveness::{LivenessController, LivenessReport};
 use crate::config::LivenessConfig;
 use crate::error::ApiError;
 use crate::service::Services;
+use crate::service::node_changes::NodeTransition;
 
 /// What became of one node a controller tried to change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,7 +57,7 @@ pub(crate) async fn apply<F>(
     change: F,
 ) -> Applied
 where
-    F: FnOnce(&mut NodeRecord, &Actor, DateTime<Utc>) -> Result<Vec<Change>, bc_core::DomainError>,
+    F: NodeTransition,
 {
     let everyone = |_: &NodeRecord| true;
     match services

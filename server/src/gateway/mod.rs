@@ -9,41 +9,16 @@ mod session;
 mod tls;
 
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+pub use crate::config::GatewayConfig;
 use crate::service::Services;
 pub use heartbeats::HeartbeatWriter;
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct GatewayConfig {
-    /// Where daemons connect (TLS).
-    pub listen: SocketAddr,
-    /// Names and addresses the gateway's server certificate is valid for.
-    pub hostnames: Vec<String>,
-    /// Where the CA's certificate and key live. Unset: `data_dir/ca`. Replicas must share it.
-    pub ca_dir: Option<PathBuf>,
-    /// This gateway's id in session rows. Unset: `gw-<random>` per process start.
-    pub gateway_id: Option<String>,
-}
-
-impl Default for GatewayConfig {
-    fn default() -> Self {
-        GatewayConfig {
-            listen: SocketAddr::from(([127, 0, 0, 1], 8443)),
-            hostnames: vec!["localhost".to_owned(), "127.0.0.1".to_owned()],
-            ca_dir: None,
-            gateway_id: None,
-        }
-    }
-}
 
 /// How long a shutting-down gateway waits for its sessions to say goodbye.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);

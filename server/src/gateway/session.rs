@@ -11,7 +11,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
-use crate::service::sessions::SessionSignal;
+use crate::service::session_registry::SessionSignal;
 use bc_core::ids::CommandId;
 
 use super::GatewayState;
@@ -177,7 +177,7 @@ struct Desk {
 async fn follow(
     state: &GatewayState,
     identity: &NodeIdentity,
-    opened: &crate::service::join::OpenedSession,
+    opened: &crate::service::sessions::OpenedSession,
     sink: &mut futures::stream::SplitSink<WebSocket, Message>,
     stream: &mut futures::stream::SplitStream<WebSocket>,
     kicks: &mut mpsc::UnboundedReceiver<SessionSignal>,

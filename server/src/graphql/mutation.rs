@@ -257,7 +257,7 @@ impl MutationRoot {
         let has_filter = input.filter.is_some();
         let mut filter = match input.filter {
             Some(filter) => super::query::node_filter(filter)?,
-            None => crate::service::nodes::NodeFilter::default(),
+            None => crate::service::NodeFilter::default(),
         };
         match input.node_ids {
             Some(ids) if !ids.is_empty() => {

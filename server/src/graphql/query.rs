@@ -13,9 +13,9 @@ use super::types::{
 use super::types::{Command, CommandConnection};
 use super::{page_size, parse_id, principal, services};
 use crate::error::ApiError;
+use crate::service::CommandFilter;
 use crate::service::Services;
-use crate::service::nodes::{LabelSelector, NodeFilter};
-use crate::store::commands::CommandFilter;
+use crate::service::{LabelSelector, NodeFilter};
 
 pub struct QueryRoot;
 

@@ -16,8 +16,7 @@ use super::{principal, services};
 use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::feed::{Feed, FeedEvent};
-use crate::service::nodes::NodeFilter;
-use crate::store::events;
+use crate::service::NodeFilter;
 
 pub struct SubscriptionRoot;
 
@@ -140,9 +139,9 @@ async fn node_change_stream(
                 // the snapshot pages is delivered again as a change: nothing is missed. The
                 // head is the table's, not the feed's: the feed may not have read the newest
                 // events yet, and those are already in the snapshot.
-                let head = match events::head(services.store.db()).await {
+                let head = match services.event_head().await {
                     Ok(head) => head,
-                    Err(err) => { yield Err(ApiError::from(err).into()); return; }
+                    Err(err) => { yield Err(err.into()); return; }
                 };
                 let mut page_after: Option<String> = None;
                 loop {
@@ -219,9 +218,7 @@ impl SubscriptionRoot {
         // From now: the table's head, which the feed may not have read yet.
         let start = match start_cursor(after.as_ref())? {
             Some(start) => start,
-            None => events::head(services.store.db())
-                .await
-                .map_err(ApiError::from)?,
+            None => services.event_head().await?,
         };
         let node_id = node_id.map(|n| n.to_string());
         let command_id = command_id.map(|c| c.to_string());
@@ -274,9 +271,7 @@ impl SubscriptionRoot {
         // From now: the table's head, which the feed may not have read yet.
         let start = match start_cursor(after.as_ref())? {
             Some(start) => start,
-            None => events::head(services.store.db())
-                .await
-                .map_err(ApiError::from)?,
+            None => services.event_head().await?,
         };
         let types = types.unwrap_or_default();
         let node_id = node_id.map(|n| n.to_string());

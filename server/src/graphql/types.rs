@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 
 use super::principal;
 use crate::service::Services;
-use crate::store::rows::StoredEvent;
+use crate::service::StoredEvent;
 
 /// Where a node is in its life. Moves only along `provisionStateTable`.
 #[derive(Enum, Copy, Clone, Eq, PartialEq, Debug)]
@@ -356,22 +356,12 @@ impl NodeDetail {
     /// The node's GPUs, in stable order, each with its atom (the unit placement books).
     async fn devices(&self, ctx: &Context<'_>) -> async_graphql::Result<Vec<Device>> {
         let services = ctx.data::<Services>()?;
-        let rows = crate::store::gateway::devices(services.store.db(), &self.0.id)
-            .await
-            .map_err(crate::error::ApiError::from)?;
-        Ok(rows
+        let principal = principal(ctx)?;
+        Ok(services
+            .node_devices(principal, &self.0)
+            .await?
             .into_iter()
-            .map(|d| Device {
-                name: d.name,
-                kind: d.kind,
-                uuid: d.uuid,
-                pci_bus_id: d.pci_bus_id,
-                model: d.model,
-                memory_mib: d.memory_mib,
-                serial: d.serial,
-                atom: d.atom,
-                healthy: d.healthy,
-            })
+            .map(Device)
             .collect())
     }
     /// Commands sent to the node, newest first.
@@ -383,7 +373,7 @@ impl NodeDetail {
         first: Option<i32>,
         after: Option<String>,
     ) -> async_graphql::Result<CommandConnection> {
-        let filter = crate::store::commands::CommandFilter {
+        let filter = crate::service::CommandFilter {
             node_ids: vec![self.0.id.clone()],
             statuses: status
                 .unwrap_or_default()
@@ -404,21 +394,41 @@ impl NodeDetail {
 
 pub type EventConnection = async_graphql::connection::Connection<String, Event>;
 
+pub struct Device(pub bc_core::health::Device);
+
 /// A device on a node (a GPU).
-#[derive(SimpleObject)]
-pub struct Device {
+#[Object]
+impl Device {
     /// `gpu0`, `gpu1`, … in PCI bus order: stable across reboots.
-    pub name: String,
-    pub kind: String,
-    pub uuid: String,
-    pub pci_bus_id: String,
-    pub model: String,
-    pub memory_mib: i64,
-    pub serial: Option<String>,
+    async fn name(&self) -> &str {
+        &self.0.name
+    }
+    async fn kind(&self) -> &str {
+        bc_core::health::GPU_DEVICE_KIND
+    }
+    async fn uuid(&self) -> &str {
+        &self.0.uuid
+    }
+    async fn pci_bus_id(&self) -> &str {
+        &self.0.pci_bus_id
+    }
+    async fn model(&self) -> &str {
+        &self.0.model
+    }
+    async fn memory_mib(&self) -> i64 {
+        i64::try_from(self.0.memory_mib).unwrap_or(i64::MAX)
+    }
+    async fn serial(&self) -> Option<&str> {
+        self.0.serial.as_deref()
+    }
     /// The schedulable unit on it.
-    pub atom: String,
+    async fn atom(&self) -> &str {
+        &self.0.atom
+    }
     /// No health evidence against it (XIDs, ECC, retired pages).
-    pub healthy: bool,
+    async fn healthy(&self) -> bool {
+        self.0.healthy
+    }
 }
 
 #[derive(SimpleObject)]
@@ -699,8 +709,8 @@ pub struct JoinToken {
     pub created_at: DateTime<Utc>,
 }
 
-impl From<crate::store::gateway::JoinToken> for JoinToken {
-    fn from(t: crate::store::gateway::JoinToken) -> Self {
+impl From<bc_core::join::JoinToken> for JoinToken {
+    fn from(t: bc_core::join::JoinToken) -> Self {
         JoinToken {
             id: ID(t.id.to_string()),
             site_id: ID(t.site_id.to_string()),

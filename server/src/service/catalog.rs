@@ -6,9 +6,9 @@ use bc_core::ids::{PoolId, SiteId, TenantId};
 use std::collections::BTreeMap;
 
 use super::Services;
+use super::store::{catalog, events};
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
-use crate::store::{catalog, events};
 
 pub struct NewPool {
     pub site_id: SiteId,

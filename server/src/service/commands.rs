@@ -7,12 +7,12 @@ use bc_core::ids::{CommandId, NodeId};
 use chrono::{DateTime, Utc};
 use std::collections::HashSet;
 
+use super::NodeFilter;
 use super::Services;
+use super::store::commands::{self, CommandFilter};
+use super::store::{events, nodes};
 use crate::auth::{Principal, Role};
 use crate::error::{ApiError, ApiResult};
-use crate::service::nodes::NodeFilter;
-use crate::store::commands::{self, CommandFilter};
-use crate::store::{events, nodes};
 
 /// The most nodes one `sendCommand` may target.
 pub const MAX_COMMAND_TARGETS: u64 = 10_000;
@@ -343,5 +343,10 @@ impl Services {
             }
         }
         Ok(ended)
+    }
+
+    /// How many commands are in each status, for `/metrics`.
+    pub async fn command_queue_depths(&self) -> ApiResult<Vec<(CommandStatus, u64)>> {
+        Ok(commands::depths(self.store.db()).await?)
     }
 }

@@ -1,36 +1,83 @@
 //! Use cases: one function per thing a caller can do. Each runs in one transaction, checks
-//! who may do it, calls the domain, and writes the result with its events. Resolvers call
-//! exactly one of these.
+//! who may do it, calls the domain, and writes the result with its events. Resolvers,
+//! controllers, the gateway and the feed call these; nothing else in the server touches
+//! storage.
+//!
+//! The modules are cut by subject, the same way as [`store`]'s: a question such as "where
+//! are sessions stored?" is answered by `store/sessions.rs`, and "what happens when a daemon
+//! says hello?" by `sessions.rs` here.
+//!
+//! **The boundary is enforced by the compiler**: [`store`] is a private child module and
+//! [`Services`]'s store a private field, so code outside `service` cannot reach a table.
 
 pub mod catalog;
 pub mod commands;
+pub mod events;
+pub mod inventory;
 pub mod join;
+pub mod lifecycle;
+pub mod liveness;
+pub mod node_changes;
 pub mod nodes;
+pub mod session_registry;
 pub mod sessions;
+mod store;
+#[cfg(feature = "test-support")]
+pub mod test_support;
 
 use bc_core::clock::Clock;
 use std::sync::Arc;
 
+use crate::config::DatabaseConfig;
 use crate::pki::Ca;
-use crate::store::Store;
-use sessions::SessionRegistry;
+use session_registry::SessionRegistry;
+use store::Store;
+
+pub use store::capacity::CapacityRow;
+pub use store::commands::CommandFilter;
+pub use store::node_filter::{LabelSelector, NodeFilter};
+pub use store::rows::StoredEvent;
 
 /// What every use case needs: storage, time, the CA, and this process's sessions.
 #[derive(Clone)]
 pub struct Services {
-    pub store: Store,
+    store: Store,
     pub clock: Arc<dyn Clock>,
     pub ca: Arc<Ca>,
     pub sessions: Arc<SessionRegistry>,
 }
 
 impl Services {
-    pub fn new(store: Store, clock: Arc<dyn Clock>, ca: Arc<Ca>) -> Self {
-        Services {
+    /// Connects to the database at `url` (`sqlite://…` or `postgres://…`) and runs pending
+    /// migrations.
+    pub async fn connect(
+        url: &str,
+        database: &DatabaseConfig,
+        clock: Arc<dyn Clock>,
+        ca: Arc<Ca>,
+    ) -> anyhow::Result<Self> {
+        let store = Store::connect(url, database).await?;
+        store.migrate().await?;
+        Ok(Services {
             store,
             clock,
             ca,
             sessions: Arc::default(),
-        }
+        })
+    }
+
+    /// Whether the database answers (`/readyz`).
+    pub async fn database_ready(&self) -> bool {
+        self.store.ping().await
+    }
+
+    /// Connections open and idle in the database pool, for `/metrics`.
+    pub fn database_pool_stats(&self) -> (u32, usize) {
+        self.store.pool_stats()
+    }
+
+    /// Closes the database pool; the last thing a stopping server does.
+    pub async fn close(&self) {
+        self.store.clone().close().await;
     }
 }

@@ -1,22 +1,19 @@
 //! Node use cases: read, list, and every change an operator makes.
 
-use bc_core::Actor;
 use bc_core::axes::TaintEffect;
 use bc_core::catalog::Placement;
 use bc_core::event::Change;
 use bc_core::ids::{NodeId, PoolId, SiteId};
-use bc_core::node::{NewNode, NodeDetail, NodeRecord};
+use bc_core::node::{NodeDetail, NodeRecord};
 use bc_core::provision::{ENROLL_STATE, ProvisionMove};
 use chrono::{DateTime, SubsecRound, Utc};
 use std::collections::BTreeMap;
 
 use super::Services;
+use super::store::{capacity, catalog, events, nodes, sessions};
+use super::{CapacityRow, NodeFilter};
 use crate::auth::{Principal, Role};
 use crate::error::{ApiError, ApiResult};
-use crate::store::rows::StoredEvent;
-use crate::store::{WriteTxn, catalog, events, nodes};
-
-pub use crate::store::nodes::{CapacityRow, LabelSelector, NodeFilter};
 
 /// One page of nodes.
 pub struct NodePage {
@@ -24,7 +21,9 @@ pub struct NodePage {
     pub has_next_page: bool,
 }
 
-fn not_found(id: &NodeId) -> ApiError {
+/// A node that does not exist, or that the principal may not see: the same answer, so ids
+/// do not leak existence.
+pub(super) fn not_found(id: &NodeId) -> ApiError {
     ApiError::NotFound(format!("node `{id}` does not exist"))
 }
 
@@ -43,6 +42,12 @@ impl Services {
             .await?
             .pop()
             .ok_or_else(|| not_found(id))
+    }
+
+    /// A node's full record (deleted ones included), for the platform's own use: the gateway,
+    /// controllers and tests. People read the API view through [`Services::node`].
+    pub async fn node_record(&self, id: &NodeId) -> ApiResult<Option<NodeRecord>> {
+        Ok(nodes::load(&self.store.read().await?, id, false).await?)
     }
 
     /// `nodes(filter, first, after)`.
@@ -92,7 +97,7 @@ impl Services {
     }
 
     /// Builds the API views of several nodes with two batched queries (sessions, pool owners).
-    async fn detail_of(&self, records: Vec<NodeRecord>) -> ApiResult<Vec<NodeDetail>> {
+    pub(super) async fn detail_of(&self, records: Vec<NodeRecord>) -> ApiResult<Vec<NodeDetail>> {
         let db = self.store.db();
         let ids: Vec<String> = records.iter().map(|n| n.id.to_string()).collect();
         let mut pool_ids: Vec<String> = records
@@ -101,7 +106,7 @@ impl Services {
             .collect();
         pool_ids.sort();
         pool_ids.dedup();
-        let mut sessions = nodes::sessions(db, &ids).await?;
+        let mut sessions = sessions::of_nodes(db, &ids).await?;
         let owners = catalog::pool_owners(db, &pool_ids).await?;
         Ok(records
             .into_iter()
@@ -116,151 +121,6 @@ impl Services {
                 NodeDetail::new(record, session, pool_owner.as_ref())
             })
             .collect())
-    }
-
-    /// A node's event history, newest first.
-    pub async fn node_events(
-        &self,
-        principal: &Principal,
-        node: &NodeDetail,
-        before: Option<bc_core::ids::EventId>,
-        limit: u64,
-    ) -> ApiResult<Vec<StoredEvent>> {
-        if !principal.can_see(node.owner_tenant_id.as_ref()) {
-            return Err(not_found(&node.id));
-        }
-        Ok(events::for_node(self.store.db(), node.id.as_str(), before, limit).await?)
-    }
-
-    /// The common shape of every node mutation by a person: check the role, then
-    /// [`Services::apply_node_change`] with the principal's visibility and version.
-    pub async fn change_node<F>(
-        &self,
-        principal: &Principal,
-        required: Role,
-        id: &NodeId,
-        expected_version: i64,
-        cause: &str,
-        change: F,
-    ) -> ApiResult<NodeDetail>
-    where
-        F: FnOnce(
-            &mut NodeRecord,
-            &Actor,
-            DateTime<Utc>,
-        ) -> Result<Vec<Change>, bc_core::DomainError>,
-    {
-        principal.require(required)?;
-        let visible = |n: &NodeRecord| principal.can_see(n.owner_tenant_id.as_ref());
-        let after = self
-            .apply_node_change(
-                &principal.actor(),
-                id,
-                Some(expected_version),
-                &visible,
-                cause,
-                change,
-            )
-            .await?;
-        self.detail_of(vec![after])
-            .await?
-            .pop()
-            .ok_or_else(|| not_found(id))
-    }
-
-    /// [`Services::change_node_in`] in a transaction of its own. Controllers call this
-    /// directly with their own actor and no version.
-    pub async fn apply_node_change<F>(
-        &self,
-        actor: &Actor,
-        id: &NodeId,
-        expected_version: Option<i64>,
-        visible: &(dyn Fn(&NodeRecord) -> bool + Send + Sync),
-        cause: &str,
-        change: F,
-    ) -> ApiResult<NodeRecord>
-    where
-        F: FnOnce(
-            &mut NodeRecord,
-            &Actor,
-            DateTime<Utc>,
-        ) -> Result<Vec<Change>, bc_core::DomainError>,
-    {
-        let txn = self.store.write().await?;
-        let (after, changes) = self
-            .change_node_in(&txn, actor, id, expected_version, visible, cause, change)
-            .await?;
-        txn.commit().await?;
-        self.after_node_commit(&after, &changes);
-        Ok(after)
-    }
-
-    /// The heart of every node change, inside the caller's transaction: lock the row, check
-    /// visibility and (if given) the version, apply `change`, and, if anything changed,
-    /// write the node with `version + 1` and one event per change. When the identity
-    /// generation moved, the node's open session is closed in the same transaction, so
-    /// every gateway replica refuses its next heartbeat.
-    #[allow(clippy::too_many_arguments)]
-    pub async fn change_node_in<F>(
-        &self,
-        txn: &WriteTxn,
-        actor: &Actor,
-        id: &NodeId,
-        expected_version: Option<i64>,
-        visible: &(dyn Fn(&NodeRecord) -> bool + Send + Sync),
-        cause: &str,
-        change: F,
-    ) -> ApiResult<(NodeRecord, Vec<Change>)>
-    where
-        F: FnOnce(
-            &mut NodeRecord,
-            &Actor,
-            DateTime<Utc>,
-        ) -> Result<Vec<Change>, bc_core::DomainError>,
-    {
-        let before = nodes::load(&**txn, id, true)
-            .await?
-            .filter(|n| n.deleted_at.is_none() && visible(n))
-            .ok_or_else(|| not_found(id))?;
-        if let Some(expected) = expected_version {
-            before.expect_version(expected)?;
-        }
-        let now = self.clock.now();
-        let mut after = before.clone();
-        let changes = change(&mut after, actor, now)?;
-        if !changes.is_empty() {
-            after.version = before.version + 1;
-            after.updated_at = now;
-            if !nodes::save(&**txn, &before, &after).await? {
-                // Only reachable where the row was not locked; report what is there now.
-                let current = nodes::load(self.store.db(), id, false)
-                    .await?
-                    .map_or(before.version, |n| n.version);
-                return Err(ApiError::Conflict {
-                    expected: expected_version.unwrap_or(before.version),
-                    current,
-                });
-            }
-            events::append_node_changes(&**txn, &after, &changes, actor, Some(cause), now).await?;
-            if after.identity_generation != before.identity_generation {
-                crate::store::gateway::close_open_session(&**txn, id, now).await?;
-            }
-        }
-        metrics::counter!("bc_node_changes_total", "cause" => cause.to_owned())
-            .increment(changes.len() as u64);
-        Ok((after, changes))
-    }
-
-    /// What follows a committed node change in this process: a replaced identity ends the
-    /// node's session here at once (other replicas notice at its next heartbeat).
-    pub(crate) fn after_node_commit(&self, after: &NodeRecord, changes: &[Change]) {
-        if changes
-            .iter()
-            .any(|c| c.axis == bc_core::event::Axis::IdentityGeneration)
-        {
-            self.sessions
-                .kick(&after.id, bc_core::protocol::close::IDENTITY_REVOKED);
-        }
     }
 
     pub async fn cordon_node(
@@ -433,22 +293,9 @@ impl Services {
             ),
             None => None,
         };
-        let placement = Placement::of(&site, pool.as_ref());
         let now = self.clock.now();
         let record = NodeRecord::new(
-            NewNode {
-                hostname: hostname.to_owned(),
-                site_id: site.id.clone(),
-                pool_id: pool.as_ref().map(|p| p.id.clone()),
-                owner_tenant_id: placement.owner_tenant_id,
-                role: placement.role,
-                trust: placement.trust,
-                adapter: pool
-                    .as_ref()
-                    .map_or(bc_core::axes::Adapter::BcdV1, |p| p.agent.adapter()),
-                drivers: pool.as_ref().map(|p| p.drivers.clone()).unwrap_or_default(),
-                provision_state: ENROLL_STATE,
-            },
+            Placement::new_node(hostname, &site, pool.as_ref(), ENROLL_STATE),
             now,
         )?;
         nodes::insert(&*txn, &record).await?;
@@ -486,6 +333,6 @@ impl Services {
             .filter(|p| pool_ids.is_empty() || pool_ids.contains(&p.id))
             .map(|p| p.id.to_string())
             .collect();
-        Ok(nodes::capacity(self.store.db(), &wanted).await?)
+        Ok(capacity::by_pool(self.store.db(), &wanted).await?)
     }
 }

@@ -1,95 +1,150 @@
-//! The sessions this process holds: one per node at most, the newest epoch wins.
+//! Sessions and heartbeats: what the gateway calls as a daemon says hello, heartbeats,
+//! converges its spec and goes away. The session row holds the epoch and `lastSeen`, so
+//! heartbeats never bump the node's `version`.
 
+use bc_core::Actor;
+use bc_core::axes::Connectivity;
 use bc_core::ids::NodeId;
-use std::collections::HashMap;
-use std::sync::Mutex;
-use tokio::sync::mpsc;
+use chrono::{DateTime, Utc};
+use std::collections::BTreeMap;
 
-/// What a session task is told.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SessionSignal {
-    /// End the session, with the reason to send the daemon.
-    Close(&'static str),
-    /// The node's commands changed (queued, cancelled, timed out): look again.
-    CommandsChanged,
+use super::Services;
+use super::store::{inventory, nodes, sessions};
+use crate::error::{ApiError, ApiResult};
+use crate::pki::NodeIdentity;
+
+/// A session the gateway opened.
+/// A session the gateway opened.
+pub struct OpenedSession {
+    pub epoch: i64,
+    pub want_sections: Vec<String>,
+    pub spec_generation: i64,
 }
 
-/// The channel to one session task.
-pub type Kick = mpsc::UnboundedSender<SessionSignal>;
+impl Services {
+    /// The gateway accepted `hello`: in one transaction, a new session epoch, `connected`,
+    /// and the observed generation the daemon reported.
+    pub async fn open_session(
+        &self,
+        identity: &NodeIdentity,
+        gateway_id: &str,
+        inventory_hashes: &BTreeMap<String, String>,
+        observed_generation: i64,
+    ) -> ApiResult<OpenedSession> {
+        self.current_node(identity).await?;
+        let gateway = Actor::Controller("gateway".into());
+        let txn = self.store.write().await?;
+        let generation = identity.identity_generation;
+        let epoch = sessions::open(&*txn, &identity.node_id, gateway_id, self.clock.now()).await?;
+        let cause = format!("session:{epoch}");
+        let (node, changes) = self
+            .change_node_in(
+                &txn,
+                &gateway,
+                &identity.node_id,
+                None,
+                &|n| n.identity_generation == generation,
+                &cause,
+                |n, by, now| {
+                    let mut changes = n.set_connectivity(Connectivity::Connected, by, now);
+                    changes.extend(n.report_observed_generation(observed_generation)?);
+                    Ok(changes)
+                },
+            )
+            .await
+            .map_err(|e| match e {
+                ApiError::NotFound(_) => {
+                    ApiError::Forbidden("the node's identity was replaced".into())
+                }
+                other => other,
+            })?;
+        let stored = inventory::hashes(&*txn, &identity.node_id).await?;
+        txn.commit().await?;
+        self.after_node_commit(&node, &changes);
+        let want_sections = inventory_hashes
+            .iter()
+            .filter(|(section, hash)| stored.get(*section) != Some(*hash))
+            .map(|(section, _)| section.clone())
+            .collect();
+        Ok(OpenedSession {
+            epoch,
+            want_sections,
+            spec_generation: node.generation,
+        })
+    }
 
-#[derive(Default)]
-pub struct SessionRegistry {
-    live: Mutex<HashMap<NodeId, (i64, Kick)>>,
-}
-
-impl SessionRegistry {
-    /// Registers the session of `epoch`, ending an older one of the same node held here.
-    pub fn register(&self, node: &NodeId, epoch: i64, kick: Kick) {
-        let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((old_epoch, old_kick)) = live.insert(node.clone(), (epoch, kick))
-            && old_epoch < epoch
-        {
-            let _ = old_kick.send(SessionSignal::Close(bc_core::protocol::close::SUPERSEDED));
+    /// The session of `epoch` ended: if it was still the current one, the node becomes
+    /// `disconnected` in the same transaction.
+    pub async fn close_session(&self, node_id: &NodeId, epoch: i64) -> ApiResult<()> {
+        let gateway = Actor::Controller("gateway".into());
+        let txn = self.store.write().await?;
+        let now = self.clock.now();
+        // Still the node's latest session: its end disconnects the node, even when the row
+        // was already closed (a revoked identity closes it in the revoking transaction).
+        let closed = sessions::close(&*txn, node_id, epoch, now).await?;
+        if closed || sessions::current_epoch(&*txn, node_id).await? == Some(epoch) {
+            let cause = format!("session:{epoch}");
+            let result = self
+                .change_node_in(
+                    &txn,
+                    &gateway,
+                    node_id,
+                    None,
+                    &|_| true,
+                    &cause,
+                    |n, by, now| {
+                        // Only a connected node becomes disconnected: if Liveness already
+                        // marked it unreachable or lost, the session's end is old news, and
+                        // moving it would restart the lost timer.
+                        Ok(match n.connectivity {
+                            Connectivity::Connected => {
+                                n.set_connectivity(Connectivity::Disconnected, by, now)
+                            }
+                            _ => Vec::new(),
+                        })
+                    },
+                )
+                .await;
+            match result {
+                Ok(_) | Err(ApiError::NotFound(_)) => {}
+                Err(other) => return Err(other),
+            }
         }
-        metrics::gauge!("bc_gateway_sessions").set(live.len() as f64);
+        txn.commit().await?;
+        Ok(())
     }
 
-    /// Forgets the session of `epoch` if it is still the registered one.
-    pub fn unregister(&self, node: &NodeId, epoch: i64) {
-        let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
-        if live.get(node).is_some_and(|(e, _)| *e == epoch) {
-            live.remove(node);
-        }
-        metrics::gauge!("bc_gateway_sessions").set(live.len() as f64);
+    /// The node's current spec generation (what the gateway sends as `spec`).
+    pub async fn spec_generation(&self, node_id: &NodeId) -> ApiResult<i64> {
+        Ok(nodes::load(&self.store.read().await?, node_id, false)
+            .await?
+            .map_or(0, |n| n.generation))
     }
 
-    /// Ends the node's session held here, if any.
-    pub fn kick(&self, node: &NodeId, reason: &'static str) {
-        let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((_, kick)) = live.get(node) {
-            let _ = kick.send(SessionSignal::Close(reason));
-        }
+    /// The daemon converged spec `generation`: the node's `observedGeneration`.
+    pub async fn report_converged(&self, node_id: &NodeId, generation: i64) -> ApiResult<()> {
+        let actor = Actor::Node(node_id.to_string());
+        self.apply_node_change(
+            &actor,
+            node_id,
+            None,
+            &|_| true,
+            "daemon:converged",
+            |n, _, _| n.report_observed_generation(generation),
+        )
+        .await?;
+        Ok(())
     }
 
-    /// Tells the node's session held here, if any, that its commands changed.
-    pub fn poke(&self, node: &NodeId) {
-        let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((_, kick)) = live.get(node) {
-            let _ = kick.send(SessionSignal::CommandsChanged);
-        }
-    }
-
-    /// Ends the session of `epoch` if it is the one held here.
-    pub fn kick_epoch(&self, node: &NodeId, epoch: i64, reason: &'static str) {
-        let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((e, kick)) = live.get(node)
-            && *e == epoch
-        {
-            let _ = kick.send(SessionSignal::Close(reason));
-        }
-    }
-
-    /// Tells every session held here to look at its commands again.
-    pub fn poke_all(&self) {
-        let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
-        for (_, kick) in live.values() {
-            let _ = kick.send(SessionSignal::CommandsChanged);
-        }
-    }
-
-    /// Ends every session (shutdown).
-    pub fn kick_all(&self, reason: &'static str) {
-        let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
-        for (_, kick) in live.values() {
-            let _ = kick.send(SessionSignal::Close(reason));
-        }
-    }
-
-    pub fn len(&self) -> usize {
-        self.live.lock().unwrap_or_else(|p| p.into_inner()).len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
+    /// Records a batch of heartbeats in one transaction; returns the (node, epoch) pairs
+    /// whose session is no longer current, so the gateway can end them.
+    pub async fn record_heartbeats(
+        &self,
+        beats: &[(NodeId, i64, DateTime<Utc>)],
+    ) -> ApiResult<Vec<(NodeId, i64)>> {
+        let txn = self.store.write().await?;
+        let stale = sessions::record_heartbeats(&*txn, beats).await?;
+        txn.commit().await?;
+        Ok(stale)
     }
 }

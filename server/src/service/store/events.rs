@@ -10,11 +10,14 @@ use chrono::{DateTime, Utc};
 use sea_orm::ActiveValue::{NotSet, Set};
 use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 
+use super::Store;
 use super::rows::{StoredEvent, stored_event};
 
 /// The PostgreSQL channel that announces new events to every replica. `pg_notify` is
 /// transactional: listeners hear it only when (and if) the transaction commits.
 pub const NOTIFY_CHANNEL: &str = "bc_events";
+/// How long to wait before re-opening a dropped LISTEN connection.
+const LISTEN_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 /// The advisory lock that orders event writers (an arbitrary constant, unique to us).
 const EVENT_ORDER_LOCK: i64 = 0x6263_6576_7473;
 
@@ -171,4 +174,45 @@ pub async fn append_command(
         .exec_without_returning(conn)
         .await?;
     Ok(())
+}
+
+/// On PostgreSQL, a task that wakes `wake` whenever any replica commits events (`LISTEN` on
+/// [`NOTIFY_CHANNEL`]), reconnecting after [`LISTEN_RETRY`] when the connection drops, until
+/// `shutdown`. `None` on SQLite: one process writes, and it wakes its own feed.
+pub fn listen_for_commits(
+    store: &Store,
+    wake: std::sync::Arc<tokio::sync::Notify>,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
+    if store.backend() != sea_orm::DbBackend::Postgres {
+        return None;
+    }
+    let pool = store.db().get_postgres_connection_pool().clone();
+    Some(async move {
+        use sea_orm::sqlx::postgres::PgListener;
+        loop {
+            let listener = async {
+                let mut listener = PgListener::connect_with(&pool).await?;
+                listener.listen(NOTIFY_CHANNEL).await?;
+                loop {
+                    listener.recv().await?;
+                    wake.notify_one();
+                }
+                #[allow(unreachable_code)]
+                Ok::<(), sea_orm::sqlx::Error>(())
+            };
+            tokio::select! {
+                result = listener => {
+                    if let Err(err) = result {
+                        tracing::warn!(error = %err, "LISTEN for new events failed; retrying");
+                    }
+                }
+                _ = shutdown.changed() => return,
+            }
+            tokio::select! {
+                () = tokio::time::sleep(LISTEN_RETRY) => {}
+                _ = shutdown.changed() => return,
+            }
+        }
+    })
 }

@@ -296,6 +296,26 @@ pub fn reason_rows(node: &NodeRecord) -> Vec<node_no_schedule_reason::ActiveMode
         .collect()
 }
 
+/// A device row. Every device is a GPU today; a row of another kind was written by a newer
+/// version of this code and is reported rather than misread.
+pub fn device(row: bc_entity::node_device::Model) -> anyhow::Result<bc_core::health::Device> {
+    if row.kind != bc_core::health::GPU_DEVICE_KIND {
+        anyhow::bail!("corrupt row: node_devices.kind = `{}`", row.kind);
+    }
+    Ok(bc_core::health::Device {
+        name: row.name,
+        uuid: row.uuid,
+        pci_bus_id: row.pci_bus_id,
+        model: row.model,
+        memory_mib: u64::try_from(row.memory_mib).map_err(|_| {
+            anyhow::anyhow!("corrupt row: node_devices.memory_mib = {}", row.memory_mib)
+        })?,
+        serial: row.serial,
+        atom: row.atom,
+        healthy: row.healthy,
+    })
+}
+
 pub fn session(row: node_session::Model) -> Session {
     Session {
         epoch: row.epoch,

@@ -4,14 +4,19 @@
 //! nothing above this module sees a row. Every write happens in a [`WriteTxn`], and every
 //! change to a node is written together with its events and its `noScheduleReasons`.
 
+pub mod capacity;
 pub mod catalog;
 pub mod commands;
+pub mod drains;
 pub mod events;
-pub mod gateway;
+pub mod inventory;
+pub mod join_tokens;
 pub mod liveness;
+pub mod node_filter;
 pub mod nodes;
 pub mod rows;
 pub mod schedule_sql;
+pub mod sessions;
 
 use bc_migration::{Migrator, MigratorTrait};
 use sea_orm::sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};

@@ -1,0 +1,68 @@
+//! The event log: every change's event, written in the same transaction as the change, and
+//! read back as a node's history and by the live feed that tails it.
+
+use bc_core::ids::{EventId, NodeId};
+use bc_core::node::NodeDetail;
+use std::sync::Arc;
+use tokio::sync::{Notify, watch};
+
+use super::Services;
+use super::nodes::not_found;
+use super::store::events;
+use super::store::rows::StoredEvent;
+use crate::auth::Principal;
+use crate::error::ApiResult;
+
+impl Services {
+    /// A node's event history, newest first.
+    pub async fn node_events(
+        &self,
+        principal: &Principal,
+        node: &NodeDetail,
+        before: Option<EventId>,
+        limit: u64,
+    ) -> ApiResult<Vec<StoredEvent>> {
+        if !principal.can_see(node.owner_tenant_id.as_ref()) {
+            return Err(not_found(&node.id));
+        }
+        self.node_history(&node.id, before, limit).await
+    }
+
+    /// A node's event history, newest first, for the platform's own use (no visibility
+    /// check): controllers, the gateway and tests.
+    pub async fn node_history(
+        &self,
+        id: &NodeId,
+        before: Option<EventId>,
+        limit: u64,
+    ) -> ApiResult<Vec<StoredEvent>> {
+        Ok(events::for_node(self.store.db(), id.as_str(), before, limit).await?)
+    }
+
+    /// The newest event's sequence number (0 when there is none): where a live subscription
+    /// without a cursor starts.
+    pub async fn event_head(&self) -> ApiResult<i64> {
+        Ok(events::head(self.store.db()).await?)
+    }
+
+    /// At most `limit` events after sequence number `after`, oldest first: the feed's replay
+    /// and tail.
+    pub async fn events_after(&self, after: i64, limit: u64) -> ApiResult<Vec<StoredEvent>> {
+        Ok(events::after(self.store.db(), after, limit).await?)
+    }
+
+    /// Notified after every write this process commits, so its feed reads new events at once.
+    pub fn committed_writes(&self) -> Arc<Notify> {
+        self.store.committed()
+    }
+
+    /// On PostgreSQL, a task that wakes `wake` whenever any replica commits events (`LISTEN`),
+    /// until `shutdown`; `None` on SQLite, where this process is the only writer.
+    pub fn other_writers_listener(
+        &self,
+        wake: Arc<Notify>,
+        shutdown: watch::Receiver<bool>,
+    ) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
+        events::listen_for_commits(&self.store, wake, shutdown)
+    }
+}

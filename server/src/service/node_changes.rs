@@ -1,0 +1,149 @@
+//! How every node changes: [`Services::change_node_in`] locks the row, checks visibility and
+//! `version`, applies one domain transition and writes the row, its child rows and one event
+//! per change in the caller's transaction. Operators' mutations, controllers, the gateway and
+//! JoinService all come through here, so these rules hold for every writer.
+
+use bc_core::Actor;
+use bc_core::event::Change;
+use bc_core::ids::NodeId;
+use bc_core::node::{NodeDetail, NodeRecord};
+use chrono::{DateTime, Utc};
+
+use super::Services;
+use super::nodes::not_found;
+use super::store::{WriteTxn, events, nodes, sessions};
+use crate::auth::{Principal, Role};
+use crate::error::{ApiError, ApiResult};
+
+/// A domain transition: changes the record in memory at `now` on behalf of the actor, and
+/// returns what it changed (nothing: no new version, no event) or why it may not.
+pub trait NodeTransition:
+    FnOnce(&mut NodeRecord, &Actor, DateTime<Utc>) -> Result<Vec<Change>, bc_core::DomainError>
+{
+}
+
+impl<F> NodeTransition for F where
+    F: FnOnce(&mut NodeRecord, &Actor, DateTime<Utc>) -> Result<Vec<Change>, bc_core::DomainError>
+{
+}
+
+impl Services {
+    /// The common shape of every node mutation by a person: check the role, then
+    /// [`Services::apply_node_change`] with the principal's visibility and version.
+    pub async fn change_node<F>(
+        &self,
+        principal: &Principal,
+        required: Role,
+        id: &NodeId,
+        expected_version: i64,
+        cause: &str,
+        change: F,
+    ) -> ApiResult<NodeDetail>
+    where
+        F: NodeTransition,
+    {
+        principal.require(required)?;
+        let visible = |n: &NodeRecord| principal.can_see(n.owner_tenant_id.as_ref());
+        let after = self
+            .apply_node_change(
+                &principal.actor(),
+                id,
+                Some(expected_version),
+                &visible,
+                cause,
+                change,
+            )
+            .await?;
+        self.detail_of(vec![after])
+            .await?
+            .pop()
+            .ok_or_else(|| not_found(id))
+    }
+
+    /// [`Services::change_node_in`] in a transaction of its own. Controllers call this
+    /// directly with their own actor and no version.
+    pub async fn apply_node_change<F>(
+        &self,
+        actor: &Actor,
+        id: &NodeId,
+        expected_version: Option<i64>,
+        visible: &(dyn Fn(&NodeRecord) -> bool + Send + Sync),
+        cause: &str,
+        change: F,
+    ) -> ApiResult<NodeRecord>
+    where
+        F: NodeTransition,
+    {
+        let txn = self.store.write().await?;
+        let (after, changes) = self
+            .change_node_in(&txn, actor, id, expected_version, visible, cause, change)
+            .await?;
+        txn.commit().await?;
+        self.after_node_commit(&after, &changes);
+        Ok(after)
+    }
+
+    /// The heart of every node change, inside the caller's transaction: lock the row, check
+    /// visibility and (if given) the version, apply `change`, and, if anything changed,
+    /// write the node with `version + 1` and one event per change. When the identity
+    /// generation moved, the node's open session is closed in the same transaction, so
+    /// every gateway replica refuses its next heartbeat.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn change_node_in<F>(
+        &self,
+        txn: &WriteTxn,
+        actor: &Actor,
+        id: &NodeId,
+        expected_version: Option<i64>,
+        visible: &(dyn Fn(&NodeRecord) -> bool + Send + Sync),
+        cause: &str,
+        change: F,
+    ) -> ApiResult<(NodeRecord, Vec<Change>)>
+    where
+        F: NodeTransition,
+    {
+        let before = nodes::load(&**txn, id, true)
+            .await?
+            .filter(|n| n.deleted_at.is_none() && visible(n))
+            .ok_or_else(|| not_found(id))?;
+        if let Some(expected) = expected_version {
+            before.expect_version(expected)?;
+        }
+        let now = self.clock.now();
+        let mut after = before.clone();
+        let changes = change(&mut after, actor, now)?;
+        if !changes.is_empty() {
+            after.version = before.version + 1;
+            after.updated_at = now;
+            if !nodes::save(&**txn, &before, &after).await? {
+                // Only reachable where the row was not locked; report what is there now.
+                let current = nodes::load(self.store.db(), id, false)
+                    .await?
+                    .map_or(before.version, |n| n.version);
+                return Err(ApiError::Conflict {
+                    expected: expected_version.unwrap_or(before.version),
+                    current,
+                });
+            }
+            events::append_node_changes(&**txn, &after, &changes, actor, Some(cause), now).await?;
+            if after.identity_generation != before.identity_generation {
+                sessions::close_open(&**txn, id, now).await?;
+            }
+        }
+        metrics::counter!("bc_node_changes_total", "cause" => cause.to_owned())
+            .increment(changes.len() as u64);
+        Ok((after, changes))
+    }
+
+    /// What follows a committed node change in this process: a replaced identity ends the
+    /// node's session here at once (other replicas notice at its next heartbeat).
+    pub(crate) fn after_node_commit(&self, after: &NodeRecord, changes: &[Change]) {
+        if changes
+            .iter()
+            .any(|c| c.axis == bc_core::event::Axis::IdentityGeneration)
+        {
+            self.sessions
+                .kick(&after.id, bc_core::protocol::close::IDENTITY_REVOKED);
+        }
+    }
+}

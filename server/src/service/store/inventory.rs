@@ -1,0 +1,118 @@
+//! Inventory: the sections a daemon reported (`node_inventory_sections`, by hash) and the
+//! devices the Inventory controller derived from them (`node_devices`).
+
+use bc_core::health::{Device, GPU_DEVICE_KIND};
+use bc_core::ids::NodeId;
+use bc_entity::{node_device, node_inventory_section};
+use chrono::{DateTime, Utc};
+use sea_orm::ActiveValue::Set;
+use sea_orm::sea_query::OnConflict;
+use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder};
+use std::collections::BTreeMap;
+
+/// The hash of each inventory section stored for a node.
+pub async fn hashes(
+    conn: &impl ConnectionTrait,
+    node_id: &NodeId,
+) -> anyhow::Result<BTreeMap<String, String>> {
+    Ok(node_inventory_section::Entity::find()
+        .filter(node_inventory_section::Column::NodeId.eq(node_id.to_string()))
+        .all(conn)
+        .await?
+        .into_iter()
+        .map(|row| (row.section, row.hash))
+        .collect())
+}
+
+/// Stores (or replaces) one inventory section.
+pub async fn put_section(
+    conn: &impl ConnectionTrait,
+    node_id: &NodeId,
+    section: &str,
+    hash: &str,
+    content: serde_json::Value,
+    now: DateTime<Utc>,
+) -> anyhow::Result<()> {
+    let row = node_inventory_section::ActiveModel {
+        node_id: Set(node_id.to_string()),
+        section: Set(section.to_owned()),
+        hash: Set(hash.to_owned()),
+        content: Set(content),
+        reported_at: Set(now),
+    };
+    node_inventory_section::Entity::insert(row)
+        .on_conflict(
+            OnConflict::columns([
+                node_inventory_section::Column::NodeId,
+                node_inventory_section::Column::Section,
+            ])
+            .update_columns([
+                node_inventory_section::Column::Hash,
+                node_inventory_section::Column::Content,
+                node_inventory_section::Column::ReportedAt,
+            ])
+            .to_owned(),
+        )
+        .exec_without_returning(conn)
+        .await?;
+    Ok(())
+}
+
+/// Every stored inventory section of a node, by name.
+pub async fn sections(
+    conn: &impl ConnectionTrait,
+    node_id: &NodeId,
+) -> anyhow::Result<BTreeMap<String, serde_json::Value>> {
+    Ok(node_inventory_section::Entity::find()
+        .filter(node_inventory_section::Column::NodeId.eq(node_id.to_string()))
+        .all(conn)
+        .await?
+        .into_iter()
+        .map(|row| (row.section, row.content))
+        .collect())
+}
+
+/// Replaces a node's devices with `devices`.
+pub async fn replace_devices(
+    conn: &impl ConnectionTrait,
+    node_id: &NodeId,
+    devices: &[Device],
+    now: DateTime<Utc>,
+) -> anyhow::Result<()> {
+    node_device::Entity::delete_many()
+        .filter(node_device::Column::NodeId.eq(node_id.to_string()))
+        .exec(conn)
+        .await?;
+    if devices.is_empty() {
+        return Ok(());
+    }
+    let rows = devices.iter().map(|d| node_device::ActiveModel {
+        node_id: Set(node_id.to_string()),
+        name: Set(d.name.clone()),
+        kind: Set(GPU_DEVICE_KIND.to_owned()),
+        uuid: Set(d.uuid.clone()),
+        pci_bus_id: Set(d.pci_bus_id.clone()),
+        model: Set(d.model.clone()),
+        memory_mib: Set(i64::try_from(d.memory_mib).unwrap_or(i64::MAX)),
+        serial: Set(d.serial.clone()),
+        atom: Set(d.atom.clone()),
+        healthy: Set(d.healthy),
+        updated_at: Set(now),
+    });
+    node_device::Entity::insert_many(rows)
+        .exec_without_returning(conn)
+        .await?;
+    Ok(())
+}
+
+/// A node's devices, in name order.
+pub async fn devices(conn: &impl ConnectionTrait, node_id: &NodeId) -> anyhow::Result<Vec<Device>> {
+    node_device::Entity::find()
+        .filter(node_device::Column::NodeId.eq(node_id.to_string()))
+        .order_by_asc(node_device::Column::Name)
+        .all(conn)
+        .await?
+        .into_iter()
+        .map(super::rows::device)
+        .collect()
+}

@@ -1,0 +1,197 @@
+//! Which nodes a list, a count or a live subscription wants: [`NodeFilter`], translated to
+//! SQL for reads and evaluated in Rust for the live feed, which must agree.
+
+use bc_core::axes::{Connectivity, ProvisionState, Role, Trust};
+use bc_core::ids::{NodeId, PoolId, SiteId, TenantId};
+use bc_core::schedule::CapacityBucket;
+use bc_entity::{node, node_label, node_no_schedule_reason};
+use sea_orm::sea_query::{Alias, Expr, ExprTrait, Query};
+use sea_orm::{ColumnTrait, Condition};
+
+use super::schedule_sql;
+
+/// A label selector term: the key is present, or has this value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LabelSelector {
+    pub key: String,
+    pub value: Option<String>,
+}
+
+/// Which nodes to list. Lists within one field are "any of"; fields and label selectors
+/// combine with "and", as in Kubernetes selectors.
+#[derive(Debug, Clone, Default)]
+pub struct NodeFilter {
+    /// Only these nodes (empty: any).
+    pub ids: Vec<NodeId>,
+    pub provision_states: Vec<ProvisionState>,
+    pub connectivity: Vec<Connectivity>,
+    pub maintenance: Option<bool>,
+    pub cordoned: Option<bool>,
+    pub roles: Vec<Role>,
+    pub trusts: Vec<Trust>,
+    pub site_ids: Vec<SiteId>,
+    pub pool_ids: Vec<PoolId>,
+    pub labels: Vec<LabelSelector>,
+    /// Nodes with any of these `noScheduleReasons` (exact keys such as `taint:gpu-burn`).
+    pub reasons: Vec<String>,
+    pub buckets: Vec<CapacityBucket>,
+    pub schedulable: Option<bool>,
+    pub hostname_contains: Option<String>,
+    /// Visibility: a tenant principal sees only its own nodes.
+    pub owner: Option<TenantId>,
+    pub include_deleted: bool,
+}
+
+impl NodeFilter {
+    pub(super) fn condition(&self) -> Condition {
+        fn strings<T: ToString>(values: &[T]) -> Vec<String> {
+            values.iter().map(ToString::to_string).collect()
+        }
+        let mut cond = Condition::all();
+        if !self.include_deleted {
+            cond = cond.add(node::Column::DeletedAt.is_null());
+        }
+        if let Some(owner) = &self.owner {
+            cond = cond.add(node::Column::OwnerTenantId.eq(owner.to_string()));
+        }
+        if !self.ids.is_empty() {
+            cond = cond.add(node::Column::Id.is_in(strings(&self.ids)));
+        }
+        if !self.provision_states.is_empty() {
+            cond = cond.add(node::Column::ProvisionState.is_in(strings(&self.provision_states)));
+        }
+        if !self.connectivity.is_empty() {
+            cond = cond.add(node::Column::Connectivity.is_in(strings(&self.connectivity)));
+        }
+        if let Some(maintenance) = self.maintenance {
+            cond = cond.add(node::Column::Maintenance.eq(maintenance));
+        }
+        if let Some(cordoned) = self.cordoned {
+            cond = cond.add(node::Column::Cordoned.eq(cordoned));
+        }
+        if !self.roles.is_empty() {
+            cond = cond.add(node::Column::Role.is_in(strings(&self.roles)));
+        }
+        if !self.trusts.is_empty() {
+            cond = cond.add(node::Column::Trust.is_in(strings(&self.trusts)));
+        }
+        if !self.site_ids.is_empty() {
+            cond = cond.add(node::Column::SiteId.is_in(strings(&self.site_ids)));
+        }
+        if !self.pool_ids.is_empty() {
+            cond = cond.add(node::Column::PoolId.is_in(strings(&self.pool_ids)));
+        }
+        for selector in &self.labels {
+            let alias = Alias::new("selected_label");
+            let mut sub = Query::select();
+            sub.expr(Expr::val(1))
+                .from_as(node_label::Entity, alias.clone())
+                .and_where(
+                    Expr::col((alias.clone(), node_label::Column::NodeId))
+                        .equals((node::Entity, node::Column::Id)),
+                )
+                .and_where(
+                    Expr::col((alias.clone(), node_label::Column::Key)).eq(selector.key.as_str()),
+                );
+            if let Some(value) = &selector.value {
+                sub.and_where(Expr::col((alias, node_label::Column::Value)).eq(value.as_str()));
+            }
+            cond = cond.add(Expr::exists(sub.to_owned()));
+        }
+        if !self.reasons.is_empty() {
+            let alias = Alias::new("selected_reason");
+            let sub = Query::select()
+                .expr(Expr::val(1))
+                .from_as(node_no_schedule_reason::Entity, alias.clone())
+                .and_where(
+                    Expr::col((alias.clone(), node_no_schedule_reason::Column::NodeId))
+                        .equals((node::Entity, node::Column::Id)),
+                )
+                .and_where(
+                    Expr::col((alias, node_no_schedule_reason::Column::Reason))
+                        .is_in(self.reasons.clone()),
+                )
+                .to_owned();
+            cond = cond.add(Expr::exists(sub));
+        }
+        if !self.buckets.is_empty() {
+            cond = cond.add(
+                schedule_sql::bucket().is_in(self.buckets.iter().map(|b| b.as_ref().to_owned())),
+            );
+        }
+        if let Some(schedulable) = self.schedulable {
+            let predicate = schedule_sql::schedulable();
+            cond = cond.add(if schedulable {
+                predicate
+            } else {
+                predicate.not()
+            });
+        }
+        if let Some(needle) = &self.hostname_contains {
+            let escaped = needle
+                .replace('\\', "\\\\")
+                .replace('%', "\\%")
+                .replace('_', "\\_");
+            // Case-insensitive on both databases (SQLite's LIKE already is for ASCII,
+            // PostgreSQL's is not): hostnames are DNS names.
+            cond = cond.add(
+                sea_orm::sea_query::Func::lower(Expr::col((node::Entity, node::Column::Hostname)))
+                    .like(
+                        sea_orm::sea_query::LikeExpr::new(format!(
+                            "%{}%",
+                            escaped.to_ascii_lowercase()
+                        ))
+                        .escape('\\'),
+                    ),
+            );
+        }
+        cond
+    }
+}
+
+impl NodeFilter {
+    /// The same filter in Rust, for the live feed (which must not query the database per
+    /// event per subscriber). `server/tests/node_queries.rs` checks it agrees with the SQL.
+    pub fn matches(&self, n: &bc_core::node::NodeDetail) -> bool {
+        fn any<T: PartialEq>(wanted: &[T], value: &T) -> bool {
+            wanted.is_empty() || wanted.contains(value)
+        }
+        (self.include_deleted || n.deleted_at.is_none())
+            && self
+                .owner
+                .as_ref()
+                .is_none_or(|o| n.owner_tenant_id.as_ref() == Some(o))
+            && any(&self.ids, &n.id)
+            && any(&self.provision_states, &n.provision_state)
+            && any(&self.connectivity, &n.connectivity)
+            && self.maintenance.is_none_or(|m| m == n.maintenance)
+            && self.cordoned.is_none_or(|c| c == n.cordon.is_some())
+            && any(&self.roles, &n.role)
+            && any(&self.trusts, &n.trust)
+            && any(&self.site_ids, &n.site_id)
+            && (self.pool_ids.is_empty()
+                || n.pool_id
+                    .as_ref()
+                    .is_some_and(|p| self.pool_ids.contains(p)))
+            && self.labels.iter().all(|selector| {
+                match (n.labels.get(&selector.key), &selector.value) {
+                    (Some(value), Some(wanted)) => value == wanted,
+                    (Some(_), None) => true,
+                    (None, _) => false,
+                }
+            })
+            && (self.reasons.is_empty()
+                || n.no_schedule_reasons
+                    .iter()
+                    .any(|r| self.reasons.contains(&r.key.to_string())))
+            && any(&self.buckets, &n.schedulability.bucket)
+            && self
+                .schedulable
+                .is_none_or(|s| s == n.schedulability.schedulable)
+            && self.hostname_contains.as_ref().is_none_or(|h| {
+                n.hostname
+                    .to_ascii_lowercase()
+                    .contains(&h.to_ascii_lowercase())
+            })
+    }
+}

@@ -1,0 +1,255 @@
+//! Node rows: load (with children), insert, save, list with filters, capacity.
+
+use anyhow::anyhow;
+use bc_core::axes::ProvisionState;
+use bc_core::ids::NodeId;
+use bc_core::node::NodeRecord;
+use bc_entity::{node, node_condition, node_label, node_no_schedule_reason, node_taint};
+use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+use std::collections::HashMap;
+
+use super::node_filter::NodeFilter;
+use super::rows::{self, NodeChildren};
+
+/// Reads one node. `for_update` locks the row until the transaction ends (PostgreSQL).
+/// Deleted nodes are returned too; callers decide what a deleted node means to them.
+pub async fn load(
+    conn: &impl ConnectionTrait,
+    id: &NodeId,
+    for_update: bool,
+) -> anyhow::Result<Option<NodeRecord>> {
+    let mut select = node::Entity::find_by_id(id.to_string());
+    if for_update {
+        select = super::lock_for_update(select, conn);
+    }
+    let Some(row) = select.one(conn).await? else {
+        return Ok(None);
+    };
+    let mut children = load_children(conn, std::slice::from_ref(&row.id)).await?;
+    let node_children = children.remove(&row.id).unwrap_or_default();
+    Ok(Some(rows::node_record(row, node_children)?))
+}
+
+/// The child rows (labels, taints, conditions, reasons) of several nodes, four queries in all.
+async fn load_children(
+    conn: &impl ConnectionTrait,
+    ids: &[String],
+) -> anyhow::Result<HashMap<String, NodeChildren>> {
+    let mut by_node: HashMap<String, NodeChildren> = HashMap::new();
+    if ids.is_empty() {
+        return Ok(by_node);
+    }
+    let ids = ids.to_vec();
+    for row in node_label::Entity::find()
+        .filter(node_label::Column::NodeId.is_in(ids.clone()))
+        .all(conn)
+        .await?
+    {
+        by_node
+            .entry(row.node_id.clone())
+            .or_default()
+            .labels
+            .push(row);
+    }
+    for row in node_taint::Entity::find()
+        .filter(node_taint::Column::NodeId.is_in(ids.clone()))
+        .all(conn)
+        .await?
+    {
+        by_node
+            .entry(row.node_id.clone())
+            .or_default()
+            .taints
+            .push(row);
+    }
+    for row in node_condition::Entity::find()
+        .filter(node_condition::Column::NodeId.is_in(ids.clone()))
+        .all(conn)
+        .await?
+    {
+        by_node
+            .entry(row.node_id.clone())
+            .or_default()
+            .conditions
+            .push(row);
+    }
+    for row in node_no_schedule_reason::Entity::find()
+        .filter(node_no_schedule_reason::Column::NodeId.is_in(ids))
+        .all(conn)
+        .await?
+    {
+        by_node
+            .entry(row.node_id.clone())
+            .or_default()
+            .reasons
+            .push(row);
+    }
+    Ok(by_node)
+}
+
+/// Writes a new node and its children.
+pub async fn insert(conn: &impl ConnectionTrait, node: &NodeRecord) -> anyhow::Result<()> {
+    node::Entity::insert(rows::node_row(node)?)
+        .exec_without_returning(conn)
+        .await?;
+    write_children(conn, None, node).await
+}
+
+/// Writes `after` over `before` if the row still has `before.version`. Returns `false` when
+/// it does not (someone else wrote first): the caller reports `CONFLICT`.
+pub async fn save(
+    conn: &impl ConnectionTrait,
+    before: &NodeRecord,
+    after: &NodeRecord,
+) -> anyhow::Result<bool> {
+    let result = node::Entity::update_many()
+        .set(rows::node_row(after)?)
+        .filter(node::Column::Id.eq(before.id.to_string()))
+        .filter(node::Column::Version.eq(before.version))
+        .exec(conn)
+        .await?;
+    if result.rows_affected != 1 {
+        return Ok(false);
+    }
+    write_children(conn, Some(before), after).await?;
+    Ok(true)
+}
+
+/// Rewrites each child table whose contents changed.
+async fn write_children(
+    conn: &impl ConnectionTrait,
+    before: Option<&NodeRecord>,
+    after: &NodeRecord,
+) -> anyhow::Result<()> {
+    let id = after.id.to_string();
+    if before.is_none_or(|b| b.labels != after.labels) {
+        node_label::Entity::delete_many()
+            .filter(node_label::Column::NodeId.eq(&id))
+            .exec(conn)
+            .await?;
+        let rows = rows::label_rows(after);
+        if !rows.is_empty() {
+            node_label::Entity::insert_many(rows)
+                .exec_without_returning(conn)
+                .await?;
+        }
+    }
+    if before.is_none_or(|b| b.taints != after.taints) {
+        node_taint::Entity::delete_many()
+            .filter(node_taint::Column::NodeId.eq(&id))
+            .exec(conn)
+            .await?;
+        let rows = rows::taint_rows(after);
+        if !rows.is_empty() {
+            node_taint::Entity::insert_many(rows)
+                .exec_without_returning(conn)
+                .await?;
+        }
+    }
+    if before.is_none_or(|b| b.conditions != after.conditions) {
+        node_condition::Entity::delete_many()
+            .filter(node_condition::Column::NodeId.eq(&id))
+            .exec(conn)
+            .await?;
+        let rows = rows::condition_rows(after);
+        if !rows.is_empty() {
+            node_condition::Entity::insert_many(rows)
+                .exec_without_returning(conn)
+                .await?;
+        }
+    }
+    if before.is_none_or(|b| b.no_schedule_reasons != after.no_schedule_reasons) {
+        node_no_schedule_reason::Entity::delete_many()
+            .filter(node_no_schedule_reason::Column::NodeId.eq(&id))
+            .exec(conn)
+            .await?;
+        let rows = rows::reason_rows(after);
+        if !rows.is_empty() {
+            node_no_schedule_reason::Entity::insert_many(rows)
+                .exec_without_returning(conn)
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+/// The live node holding a trusted hardware key, if any.
+pub async fn by_trusted_hardware_key(
+    conn: &impl ConnectionTrait,
+    key: &str,
+) -> anyhow::Result<Option<NodeId>> {
+    let row = node::Entity::find()
+        .filter(node::Column::HardwareKey.eq(key))
+        .filter(node::Column::HardwareKeyTrusted.eq(true))
+        .filter(node::Column::DeletedAt.is_null())
+        .one(conn)
+        .await?;
+    row.map(|r| {
+        NodeId::parse(&r.id).map_err(|_| anyhow::anyhow!("corrupt row: nodes.id = `{}`", r.id))
+    })
+    .transpose()
+}
+
+/// One page of nodes ordered by id, after the cursor `after`, at most `limit`.
+pub async fn list(
+    conn: &impl ConnectionTrait,
+    filter: &NodeFilter,
+    after: Option<&str>,
+    limit: u64,
+) -> anyhow::Result<Vec<NodeRecord>> {
+    let mut select = node::Entity::find().filter(filter.condition());
+    if let Some(after) = after {
+        select = select.filter(node::Column::Id.gt(after));
+    }
+    let rows = select
+        .order_by_asc(node::Column::Id)
+        .limit(limit)
+        .all(conn)
+        .await?;
+    let ids: Vec<String> = rows.iter().map(|r| r.id.clone()).collect();
+    let mut children = load_children(conn, &ids).await?;
+    rows.into_iter()
+        .map(|row| {
+            let kids = children.remove(&row.id).unwrap_or_default();
+            rows::node_record(row, kids)
+        })
+        .collect()
+}
+
+/// Live nodes in `states` whose spec generation is still 0 (id and version), at most `limit`:
+/// the NodeSpec controller's work list, selected in SQL so a settled fleet costs one cheap
+/// query per tick instead of loading every node.
+pub async fn awaiting_first_spec(
+    conn: &impl ConnectionTrait,
+    states: &[ProvisionState],
+    limit: u64,
+) -> anyhow::Result<Vec<(NodeId, i64)>> {
+    let rows = node::Entity::find()
+        .select_only()
+        .column(node::Column::Id)
+        .column(node::Column::Version)
+        .filter(node::Column::DeletedAt.is_null())
+        .filter(node::Column::Generation.eq(0))
+        .filter(node::Column::ProvisionState.is_in(states.iter().map(ToString::to_string)))
+        .limit(limit)
+        .into_tuple::<(String, i64)>()
+        .all(conn)
+        .await?;
+    rows.into_iter()
+        .map(|(id, version)| {
+            Ok((
+                NodeId::parse(&id).map_err(|_| anyhow!("corrupt row: nodes.id = `{id}`"))?,
+                version,
+            ))
+        })
+        .collect()
+}
+
+/// How many nodes match.
+pub async fn count(conn: &impl ConnectionTrait, filter: &NodeFilter) -> anyhow::Result<u64> {
+    use sea_orm::PaginatorTrait;
+    Ok(node::Entity::find()
+        .filter(filter.condition())
+        .count(conn)
+        .await?)
+}
