@@ -17,5 +17,5 @@ pub mod subscription;
 pub use daemon::{
     CaTrust, DaemonError, DaemonKnobs, DaemonStatus, FakeDaemon, GatewayContext, Phase,
 };
-pub use server::{Backend, Gql, TestServer, each_backend};
+pub use server::{Backend, Gql, TestServer, each_backend, each_backend_with};
 pub use sim::{Fleet, KnobOverride, Progress, SimOptions, run_sim};

@@ -457,8 +457,19 @@ pub async fn each_backend<F>(test: F)
 where
     F: AsyncFn(&TestServer),
 {
+    each_backend_with(|_| {}, test).await;
+}
+
+/// [`each_backend`] on servers with `configure` applied to their configuration (a small
+/// database pool, say).
+pub async fn each_backend_with<F>(
+    configure: impl Fn(&mut Config) + Clone + Send + Sync + 'static,
+    test: F,
+) where
+    F: AsyncFn(&TestServer),
+{
     for backend in Backend::selected() {
-        let server = TestServer::start(backend)
+        let server = TestServer::start_with(backend, configure.clone())
             .await
             .unwrap_or_else(|err| panic!("starting a {backend:?} test server: {err:#}"));
         test(&server).await;

@@ -54,7 +54,7 @@ impl Services {
                 change,
             )
             .await?;
-        self.detail_of(vec![after])
+        self.detail_of(self.store.db(), vec![after])
             .await?
             .pop()
             .ok_or_else(|| not_found(id))
@@ -117,7 +117,7 @@ impl Services {
             after.updated_at = now;
             if !nodes::save(&**txn, &before, &after).await? {
                 // Only reachable where the row was not locked; report what is there now.
-                let current = nodes::load(self.store.db(), id, false)
+                let current = nodes::load(&**txn, id, false)
                     .await?
                     .map_or(before.version, |n| n.version);
                 return Err(ApiError::Conflict {

@@ -7,6 +7,7 @@ use bc_core::ids::{NodeId, PoolId, SiteId};
 use bc_core::node::{NodeDetail, NodeRecord};
 use bc_core::provision::{ENROLL_STATE, ProvisionMove};
 use chrono::{DateTime, SubsecRound, Utc};
+use sea_orm::ConnectionTrait;
 use std::collections::BTreeMap;
 
 use super::Services;
@@ -38,7 +39,7 @@ impl Services {
         let record = record
             .filter(|n| principal.can_see(n.owner_tenant_id.as_ref()))
             .ok_or_else(|| not_found(id))?;
-        self.detail_of(vec![record])
+        self.detail_of(&read, vec![record])
             .await?
             .pop()
             .ok_or_else(|| not_found(id))
@@ -61,11 +62,10 @@ impl Services {
         filter.owner = principal.tenant.clone();
         let read = self.store.read().await?;
         let mut records = nodes::list(&read, &filter, after, first + 1).await?;
-        drop(read);
         let has_next_page = records.len() as u64 > first;
         records.truncate(first as usize);
         Ok(NodePage {
-            nodes: self.detail_of(records).await?,
+            nodes: self.detail_of(&read, records).await?,
             has_next_page,
         })
     }
@@ -82,8 +82,7 @@ impl Services {
         };
         let read = self.store.read().await?;
         let records = nodes::list(&read, &filter, None, ids.len() as u64).await?;
-        drop(read);
-        self.detail_of(records).await
+        self.detail_of(&read, records).await
     }
 
     /// How many nodes match `filter` (what the principal may see).
@@ -96,9 +95,16 @@ impl Services {
         Ok(nodes::count(self.store.db(), &filter).await?)
     }
 
-    /// Builds the API views of several nodes with two batched queries (sessions, pool owners).
-    pub(super) async fn detail_of(&self, records: Vec<NodeRecord>) -> ApiResult<Vec<NodeDetail>> {
-        let db = self.store.db();
+    /// Builds the API views of several nodes with two batched queries (sessions, pool owners)
+    /// on `conn`: the caller's read transaction where it has one, so a request never holds a
+    /// pooled connection while it waits for another (enough concurrent reads doing that
+    /// exhaust the pool and deadlock it).
+    pub(super) async fn detail_of(
+        &self,
+        conn: &impl ConnectionTrait,
+        records: Vec<NodeRecord>,
+    ) -> ApiResult<Vec<NodeDetail>> {
+        let db = conn;
         let ids: Vec<String> = records.iter().map(|n| n.id.to_string()).collect();
         let mut pool_ids: Vec<String> = records
             .iter()
@@ -315,7 +321,7 @@ impl Services {
         )
         .await?;
         txn.commit().await?;
-        self.detail_of(vec![record])
+        self.detail_of(self.store.db(), vec![record])
             .await?
             .pop()
             .ok_or_else(|| ApiError::internal(anyhow::anyhow!("enrolled node vanished")))
