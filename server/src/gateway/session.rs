@@ -1,24 +1,36 @@
 //! One bcd/v1 session: `hello`, `welcome`, then heartbeats and inventory until either side
 //! ends it. A malformed frame or a protocol violation closes this session with a reason and
 //! touches nothing stored.
+//!
+//! [`run`] takes the session through its phases (hello, open, welcome, follow, end);
+//! [`follow`] only waits for the next input (a frame, a signal from the session registry,
+//! shutdown) and hands it to one handler on [`Live`] (`on_heartbeat`, `on_command_result`, …),
+//! which decides and says what comes [`Next`].
 
 use axum::extract::ws::{CloseFrame, Message, WebSocket, close_code};
 use bc_core::protocol::{
     DaemonMessage, GatewayMessage, INVENTORY_SECTIONS, NodeSpec, section_hash,
 };
+use futures::stream::{SplitSink, SplitStream};
 use futures::{SinkExt, StreamExt};
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 use tokio::sync::mpsc;
 
+use crate::error::ApiError;
 use crate::service::session_registry::SessionSignal;
-use bc_core::ids::CommandId;
+use crate::service::sessions::OpenedSession;
+use bc_core::command::{CommandKind, Outcome};
+use bc_core::ids::{CommandId, NodeId};
 
 use super::GatewayState;
 use crate::pki::NodeIdentity;
 
 /// How long a daemon has to say `hello` after the upgrade.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+type Sink = SplitSink<WebSocket, Message>;
+type Stream = SplitStream<WebSocket>;
 
 /// Why a session ended, for the close frame, the log and the metrics.
 struct Ending {
@@ -36,69 +48,81 @@ impl Ending {
             goodbye: false,
         }
     }
+
+    /// The gateway is going away: the daemon should come back (to another replica, or later).
+    fn shutdown() -> Ending {
+        Ending {
+            code: close_code::AWAY,
+            reason: bc_core::protocol::close::SHUTDOWN.to_owned(),
+            goodbye: true,
+        }
+    }
+
+    /// Something failed on our side; the daemon did nothing wrong and may reconnect.
+    fn internal() -> Ending {
+        Ending {
+            code: close_code::ERROR,
+            reason: "internal error".into(),
+            goodbye: true,
+        }
+    }
+
+    /// The daemon went away while we were writing to it.
+    fn gone() -> Ending {
+        Ending {
+            code: close_code::AWAY,
+            reason: "the connection dropped".into(),
+            goodbye: false,
+        }
+    }
+}
+
+/// What the session loop does after a handler.
+enum Next {
+    Continue,
+    /// The daemon closed the connection, or it dropped: there is no one left to tell.
+    DaemonLeft,
+    /// The gateway ends the session with this close (and a `goodbye` if it says so).
+    Close(Ending),
+}
+
+impl Next {
+    fn violation(reason: impl Into<String>) -> Next {
+        Next::Close(Ending::violation(reason))
+    }
+}
+
+/// A step that either went through or ends the session.
+impl From<Result<(), Ending>> for Next {
+    fn from(result: Result<(), Ending>) -> Next {
+        match result {
+            Ok(()) => Next::Continue,
+            Err(ending) => Next::Close(ending),
+        }
+    }
 }
 
 pub(super) async fn run(state: GatewayState, identity: NodeIdentity, socket: WebSocket) {
     let (mut sink, mut stream) = socket.split();
     let node_id = identity.node_id.clone();
 
-    // 1. hello
-    let hello = match tokio::time::timeout(HELLO_TIMEOUT, stream.next()).await {
-        Ok(Some(Ok(Message::Text(text)))) => serde_json::from_str::<DaemonMessage>(&text),
-        Ok(Some(Ok(Message::Close(_)))) | Ok(None) | Ok(Some(Err(_))) => return,
-        Ok(Some(Ok(_))) => {
-            close(&mut sink, Ending::violation("expected a hello text frame")).await;
-            return;
-        }
-        Err(_) => {
-            close(&mut sink, Ending::violation("no hello within 10 seconds")).await;
+    let hello = match read_hello(&node_id, &mut stream).await {
+        Ok(hello) => hello,
+        Err(ending) => {
+            // Nothing was opened yet, so there is nothing to unregister or record.
+            if let Some(ending) = ending {
+                close(&mut sink, ending).await;
+            }
             return;
         }
     };
-    let (inventory_hashes, observed_generation) = match hello {
-        Ok(DaemonMessage::Hello {
-            inventory_hashes,
-            observed_generation,
-            daemon_version,
-        }) => {
-            tracing::debug!(%node_id, %daemon_version, "hello");
-            (inventory_hashes, observed_generation)
-        }
-        Ok(_) => {
-            close(
-                &mut sink,
-                Ending::violation("the first message must be hello"),
-            )
-            .await;
-            return;
-        }
-        Err(err) => {
-            close(
-                &mut sink,
-                Ending::violation(format!("malformed hello: {err}")),
-            )
-            .await;
-            return;
-        }
-    };
-    if let Some(unknown) = inventory_hashes
-        .keys()
-        .find(|s| !INVENTORY_SECTIONS.contains(&s.as_str()))
-    {
-        close(
-            &mut sink,
-            Ending::violation(format!("unknown inventory section `{unknown}`")),
-        )
-        .await;
-        return;
-    }
     let opened = match state
         .services
         .open_session(
             &identity,
             &state.gateway_id,
-            &inventory_hashes,
-            observed_generation,
+            &hello.inventory_hashes,
+            hello.observed_generation,
         )
         .await
     {
@@ -114,16 +138,7 @@ pub(super) async fn run(state: GatewayState, identity: NodeIdentity, socket: Web
     state.services.sessions.register(&node_id, epoch, kick_tx);
     metrics::counter!("bc_gateway_sessions_opened_total").increment(1);
 
-    let welcome = GatewayMessage::Welcome {
-        epoch,
-        gateway_id: state.gateway_id.to_string(),
-        want_sections: opened.want_sections.clone(),
-        heartbeat_interval_secs: state.heartbeat_interval.as_secs(),
-        spec: NodeSpec {
-            generation: opened.spec_generation,
-        },
-    };
-    let ending = match send(&mut sink, &welcome).await {
+    let ending = match send(&mut sink, &welcome(&state, &opened)).await {
         Err(()) => None,
         Ok(()) => {
             follow(
@@ -137,16 +152,86 @@ pub(super) async fn run(state: GatewayState, identity: NodeIdentity, socket: Web
             .await
         }
     };
+    end(&state, &node_id, epoch, ending, &mut sink).await;
+}
+
+/// What `hello` said.
+struct Hello {
+    inventory_hashes: BTreeMap<String, String>,
+    observed_generation: i64,
+}
+
+/// Waits for the daemon's `hello`. `Err(None)`: the daemon left first; `Err(Some)`: the
+/// close that a missing or malformed `hello` earns.
+async fn read_hello(node_id: &NodeId, stream: &mut Stream) -> Result<Hello, Option<Ending>> {
+    let text = match tokio::time::timeout(HELLO_TIMEOUT, stream.next()).await {
+        Ok(Some(Ok(Message::Text(text)))) => text,
+        Ok(Some(Ok(Message::Close(_))) | None | Some(Err(_))) => return Err(None),
+        Ok(Some(Ok(_))) => {
+            return Err(Some(Ending::violation("expected a hello text frame")));
+        }
+        Err(_) => return Err(Some(Ending::violation("no hello within 10 seconds"))),
+    };
+    let hello = match serde_json::from_str::<DaemonMessage>(&text) {
+        Ok(DaemonMessage::Hello {
+            inventory_hashes,
+            observed_generation,
+            daemon_version,
+        }) => {
+            tracing::debug!(%node_id, %daemon_version, "hello");
+            Hello {
+                inventory_hashes,
+                observed_generation,
+            }
+        }
+        Ok(_) => return Err(Some(Ending::violation("the first message must be hello"))),
+        Err(err) => {
+            return Err(Some(Ending::violation(format!("malformed hello: {err}"))));
+        }
+    };
+    if let Some(unknown) = hello
+        .inventory_hashes
+        .keys()
+        .find(|s| !INVENTORY_SECTIONS.contains(&s.as_str()))
+    {
+        return Err(Some(Ending::violation(format!(
+            "unknown inventory section `{unknown}`"
+        ))));
+    }
+    Ok(hello)
+}
+
+fn welcome(state: &GatewayState, opened: &OpenedSession) -> GatewayMessage {
+    GatewayMessage::Welcome {
+        epoch: opened.epoch,
+        gateway_id: state.gateway_id.to_string(),
+        want_sections: opened.want_sections.clone(),
+        heartbeat_interval_secs: state.heartbeat_interval.as_secs(),
+        spec: NodeSpec {
+            generation: opened.spec_generation,
+        },
+    }
+}
+
+/// Closes an opened session (`ending`: the gateway's close; None: the daemon left), then
+/// forgets it here, hands its in-flight commands back to the queue and records its end.
+async fn end(
+    state: &GatewayState,
+    node_id: &NodeId,
+    epoch: i64,
+    ending: Option<Ending>,
+    sink: &mut Sink,
+) {
     if let Some(ending) = ending {
         metrics::counter!("bc_gateway_sessions_closed_total", "by" => if ending.goodbye { "gateway" } else { "violation" })
             .increment(1);
         tracing::debug!(%node_id, epoch, reason = %ending.reason, "closing session");
-        close(&mut sink, ending).await;
+        close(sink, ending).await;
     } else {
         metrics::counter!("bc_gateway_sessions_closed_total", "by" => "daemon").increment(1);
     }
-    state.services.sessions.unregister(&node_id, epoch);
-    match state.services.commands_session_lost(&node_id, epoch).await {
+    state.services.sessions.unregister(node_id, epoch);
+    match state.services.commands_session_lost(node_id, epoch).await {
         Ok(requeued) if !requeued.is_empty() => {
             tracing::info!(%node_id, epoch, commands = requeued.len(), "session ended with commands in flight; requeued or failed them");
         }
@@ -155,7 +240,7 @@ pub(super) async fn run(state: GatewayState, identity: NodeIdentity, socket: Web
             tracing::warn!(%node_id, epoch, code = err.code(), reason = %err.message(), "handling in-flight commands failed")
         }
     }
-    if let Err(err) = state.services.close_session(&node_id, epoch).await {
+    if let Err(err) = state.services.close_session(node_id, epoch).await {
         tracing::warn!(%node_id, epoch, code = err.code(), reason = %err.message(), "recording the session's end failed");
     }
 }
@@ -171,73 +256,70 @@ struct Desk {
     refreshes: HashSet<CommandId>,
     /// The spec generation the daemon was last sent (in `welcome`, then in `spec`).
     spec_sent: i64,
+    /// The last heartbeat's `seq`; each must be higher than the one before.
+    last_seq: Option<u64>,
+}
+
+/// An open session: what its handlers share.
+struct Live<'a> {
+    state: &'a GatewayState,
+    node_id: &'a NodeId,
+    epoch: i64,
+    /// The sections asked for in `welcome`.
+    wanted: &'a [String],
+    sink: &'a mut Sink,
+    desk: Desk,
 }
 
 /// Reads frames until the daemon leaves (`None`) or the session must end (`Some`).
 async fn follow(
     state: &GatewayState,
     identity: &NodeIdentity,
-    opened: &crate::service::sessions::OpenedSession,
-    sink: &mut futures::stream::SplitSink<WebSocket, Message>,
-    stream: &mut futures::stream::SplitStream<WebSocket>,
+    opened: &OpenedSession,
+    sink: &mut Sink,
+    stream: &mut Stream,
     kicks: &mut mpsc::UnboundedReceiver<SessionSignal>,
 ) -> Option<Ending> {
     let mut shutdown = state.shutdown.clone();
-    let mut last_seq: Option<u64> = None;
-    let epoch = opened.epoch;
-    let wanted = &opened.want_sections;
-    let mut desk = Desk {
-        spec_sent: opened.spec_generation,
-        ..Desk::default()
+    let mut live = Live {
+        state,
+        node_id: &identity.node_id,
+        epoch: opened.epoch,
+        wanted: &opened.want_sections,
+        sink,
+        desk: Desk {
+            spec_sent: opened.spec_generation,
+            ..Desk::default()
+        },
     };
-    if let Err(ending) = dispatch(state, &identity.node_id, epoch, sink, &mut desk).await {
-        return Some(ending);
-    }
-    loop {
-        let frame = tokio::select! {
-            frame = stream.next() => frame,
-            signal = kicks.recv() => match signal {
-                Some(SessionSignal::CommandsChanged) => {
-                    if let Err(ending) = dispatch(state, &identity.node_id, epoch, sink, &mut desk).await {
-                        return Some(ending);
-                    }
-                    continue;
-                }
-                Some(SessionSignal::Close(reason)) => {
-                    return Some(Ending { code: close_code::NORMAL, reason: reason.to_owned(), goodbye: true });
-                }
-                None => {
-                    return Some(Ending { code: close_code::AWAY, reason: bc_core::protocol::close::SHUTDOWN.to_owned(), goodbye: true });
-                }
-            },
-            _ = shutdown.changed() => {
-                return Some(Ending { code: close_code::AWAY, reason: bc_core::protocol::close::SHUTDOWN.to_owned(), goodbye: true });
-            }
+    // Whatever waited for this node (queued commands, those requeued from its last session,
+    // a spec newer than the one in `welcome`) goes out before the first frame is read.
+    let mut next = Next::from(live.dispatch().await);
+    while let Next::Continue = next {
+        next = tokio::select! {
+            frame = stream.next() => live.on_frame(frame).await,
+            signal = kicks.recv() => live.on_signal(signal).await,
+            _ = shutdown.changed() => Next::Close(Ending::shutdown()),
         };
+    }
+    match next {
+        Next::Close(ending) => Some(ending),
+        Next::Continue | Next::DaemonLeft => None,
+    }
+}
+
+impl Live<'_> {
+    /// A WebSocket frame (or the end of the stream): transport matters here, the message
+    /// in it goes to its handler.
+    async fn on_frame(&mut self, frame: Option<Result<Message, axum::Error>>) -> Next {
         let text = match frame {
-            None | Some(Ok(Message::Close(_))) => return None,
-            Some(Err(err)) => {
-                // Oversized frames and broken framing surface here.
-                let too_big = err.to_string().to_lowercase().contains("too long")
-                    || err.to_string().contains("size");
-                metrics::counter!("bc_gateway_frames_rejected_total", "reason" => "transport")
-                    .increment(1);
-                let code = if too_big {
-                    close_code::SIZE
-                } else {
-                    close_code::PROTOCOL
-                };
-                return Some(Ending {
-                    code,
-                    reason: format!("bad frame: {err}"),
-                    goodbye: false,
-                });
-            }
-            Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
+            None | Some(Ok(Message::Close(_))) => return Next::DaemonLeft,
+            Some(Err(err)) => return Next::Close(bad_transport(&err)),
+            Some(Ok(Message::Ping(_) | Message::Pong(_))) => return Next::Continue,
             Some(Ok(Message::Binary(_))) => {
                 metrics::counter!("bc_gateway_frames_rejected_total", "reason" => "binary")
                     .increment(1);
-                return Some(Ending::violation("binary frames are not part of bcd/v1"));
+                return Next::violation("binary frames are not part of bcd/v1");
             }
             Some(Ok(Message::Text(text))) => text,
         };
@@ -246,42 +328,13 @@ async fn follow(
             Err(err) => {
                 metrics::counter!("bc_gateway_frames_rejected_total", "reason" => "malformed")
                     .increment(1);
-                return Some(Ending::violation(format!("malformed message: {err}")));
+                return Next::violation(format!("malformed message: {err}"));
             }
         };
         match message {
-            DaemonMessage::Heartbeat { seq } => {
-                if last_seq.is_some_and(|last| seq <= last) {
-                    return Some(Ending::violation(format!(
-                        "heartbeat seq {seq} does not increase"
-                    )));
-                }
-                last_seq = Some(seq);
-                state
-                    .heartbeats
-                    .beat(identity.node_id.clone(), epoch, state.services.clock.now())
-                    .await;
-            }
-            DaemonMessage::Hello { .. } => {
-                return Some(Ending::violation("hello was already sent"));
-            }
-            DaemonMessage::CommandStarted { id } => {
-                let Ok(id) = CommandId::parse(&id) else {
-                    return Some(Ending::violation(format!("`{id}` is not a command id")));
-                };
-                if desk.stopped.contains(&id) {
-                    continue;
-                }
-                if !desk.in_flight.contains(&id) {
-                    return Some(Ending::violation(format!(
-                        "command `{id}` was not sent in this session"
-                    )));
-                }
-                if let Err(err) = state.services.command_started(&identity.node_id, &id).await {
-                    // A cancel or timeout that won the race; the daemon hears `cancel`.
-                    tracing::debug!(node_id = %identity.node_id, %id, code = err.code(), reason = %err.message(), "late command start");
-                }
-            }
+            DaemonMessage::Hello { .. } => Next::violation("hello was already sent"),
+            DaemonMessage::Heartbeat { seq } => self.on_heartbeat(seq).await,
+            DaemonMessage::CommandStarted { id } => self.on_command_started(&id).await,
             DaemonMessage::CommandResult {
                 id,
                 outcome,
@@ -289,166 +342,255 @@ async fn follow(
                 output,
                 result,
             } => {
-                let Ok(id) = CommandId::parse(&id) else {
-                    return Some(Ending::violation(format!("`{id}` is not a command id")));
-                };
-                if !desk.in_flight.remove(&id) && !desk.stopped.remove(&id) {
-                    return Some(Ending::violation(format!(
-                        "command `{id}` was not sent in this session"
-                    )));
-                }
-                if let Err(err) = state
-                    .services
-                    .command_finished(&identity.node_id, &id, outcome, exit_code, &output, result)
+                self.on_command_result(&id, outcome, exit_code, &output, result)
                     .await
-                {
-                    tracing::debug!(node_id = %identity.node_id, %id, code = err.code(), reason = %err.message(), "late command result ignored");
-                }
-                // The lane is free: send what waits behind it.
-                if let Err(ending) =
-                    dispatch(state, &identity.node_id, epoch, sink, &mut desk).await
-                {
-                    return Some(ending);
-                }
             }
-            DaemonMessage::Converged { generation } => {
-                if let Err(err) = state
-                    .services
-                    .report_converged(&identity.node_id, generation)
-                    .await
-                {
-                    return Some(Ending::violation(format!("converged: {}", err.message())));
-                }
-            }
+            DaemonMessage::Converged { generation } => self.on_converged(generation).await,
             DaemonMessage::Inventory {
                 section,
                 hash,
                 content,
-            } => {
-                // Sections asked for in `welcome`, or any section while an
-                // `inventory.refresh` runs (that is what it is for).
-                let refreshing = desk.in_flight.iter().any(|id| desk.refreshes.contains(id));
-                let known = INVENTORY_SECTIONS.contains(&section.as_str());
-                if !(wanted.contains(&section) || refreshing && known) {
-                    return Some(Ending::violation(format!(
-                        "inventory section `{section}` was not asked for"
-                    )));
-                }
-                if section_hash(&content) != hash {
-                    return Some(Ending::violation(format!(
-                        "inventory section `{section}` does not match its hash"
-                    )));
-                }
-                if let Err(err) = state
-                    .services
-                    .store_inventory_section(&identity.node_id, &section, &hash, content)
-                    .await
-                {
-                    if let crate::error::ApiError::BadUserInput(message) = err {
-                        return Some(Ending::violation(message));
-                    }
-                    tracing::warn!(node_id = %identity.node_id, code = err.code(), "storing inventory failed");
-                    return Some(Ending {
-                        code: close_code::ERROR,
-                        reason: "internal error".into(),
-                        goodbye: true,
-                    });
-                }
+            } => self.on_inventory(section, hash, content).await,
+        }
+    }
+
+    /// A signal from the session registry (see `service::sessions`).
+    async fn on_signal(&mut self, signal: Option<SessionSignal>) -> Next {
+        match signal {
+            Some(SessionSignal::CommandsChanged) => self.dispatch().await.into(),
+            Some(SessionSignal::Close(reason)) => Next::Close(Ending {
+                code: close_code::NORMAL,
+                reason: reason.to_owned(),
+                goodbye: true,
+            }),
+            // The registry dropped this session's sender without a `Close`: the process is
+            // stopping.
+            None => Next::Close(Ending::shutdown()),
+        }
+    }
+
+    async fn on_heartbeat(&mut self, seq: u64) -> Next {
+        if self.desk.last_seq.is_some_and(|last| seq <= last) {
+            return Next::violation(format!("heartbeat seq {seq} does not increase"));
+        }
+        self.desk.last_seq = Some(seq);
+        self.state
+            .heartbeats
+            .beat(
+                self.node_id.clone(),
+                self.epoch,
+                self.state.services.clock.now(),
+            )
+            .await;
+        Next::Continue
+    }
+
+    async fn on_command_started(&mut self, id: &str) -> Next {
+        let Ok(id) = CommandId::parse(id) else {
+            return Next::violation(format!("`{id}` is not a command id"));
+        };
+        // Told to stop already: the start crossed our `cancel`, and its result will follow.
+        if self.desk.stopped.contains(&id) {
+            return Next::Continue;
+        }
+        if !self.desk.in_flight.contains(&id) {
+            return Next::violation(format!("command `{id}` was not sent in this session"));
+        }
+        if let Err(err) = self.state.services.command_started(self.node_id, &id).await {
+            // A cancel or timeout that won the race; the daemon hears `cancel`.
+            tracing::debug!(node_id = %self.node_id, %id, code = err.code(), reason = %err.message(), "late command start");
+        }
+        Next::Continue
+    }
+
+    async fn on_command_result(
+        &mut self,
+        id: &str,
+        outcome: Outcome,
+        exit_code: Option<i32>,
+        output: &str,
+        result: Option<serde_json::Value>,
+    ) -> Next {
+        let Ok(id) = CommandId::parse(id) else {
+            return Next::violation(format!("`{id}` is not a command id"));
+        };
+        if !self.desk.in_flight.remove(&id) && !self.desk.stopped.remove(&id) {
+            return Next::violation(format!("command `{id}` was not sent in this session"));
+        }
+        if let Err(err) = self
+            .state
+            .services
+            .command_finished(self.node_id, &id, outcome, exit_code, output, result)
+            .await
+        {
+            tracing::debug!(node_id = %self.node_id, %id, code = err.code(), reason = %err.message(), "late command result ignored");
+        }
+        // The lane is free: send what waits behind it.
+        self.dispatch().await.into()
+    }
+
+    async fn on_converged(&mut self, generation: i64) -> Next {
+        match self
+            .state
+            .services
+            .report_converged(self.node_id, generation)
+            .await
+        {
+            Ok(()) => Next::Continue,
+            Err(err) => Next::violation(format!("converged: {}", err.message())),
+        }
+    }
+
+    async fn on_inventory(
+        &mut self,
+        section: String,
+        hash: String,
+        content: serde_json::Value,
+    ) -> Next {
+        // Sections asked for in `welcome`, or any section while an
+        // `inventory.refresh` runs (that is what it is for).
+        let refreshing = self
+            .desk
+            .in_flight
+            .iter()
+            .any(|id| self.desk.refreshes.contains(id));
+        let known = INVENTORY_SECTIONS.contains(&section.as_str());
+        if !(self.wanted.contains(&section) || refreshing && known) {
+            return Next::violation(format!("inventory section `{section}` was not asked for"));
+        }
+        if section_hash(&content) != hash {
+            return Next::violation(format!(
+                "inventory section `{section}` does not match its hash"
+            ));
+        }
+        match self
+            .state
+            .services
+            .store_inventory_section(self.node_id, &section, &hash, content)
+            .await
+        {
+            Ok(()) => Next::Continue,
+            // The content is the daemon's fault (a malformed `gpus` section): a violation.
+            Err(ApiError::BadUserInput(message)) => Next::violation(message),
+            Err(err) => {
+                tracing::warn!(node_id = %self.node_id, code = err.code(), "storing inventory failed");
+                Next::Close(Ending::internal())
             }
         }
     }
-}
 
-/// Tells the daemon to stop commands that ended here (cancelled, timed out) and sends the
-/// commands whose lane is free.
-async fn dispatch(
-    state: &GatewayState,
-    node_id: &bc_core::ids::NodeId,
-    epoch: i64,
-    sink: &mut futures::stream::SplitSink<WebSocket, Message>,
-    desk: &mut Desk,
-) -> Result<(), Ending> {
-    let internal = |err: crate::error::ApiError| {
-        tracing::warn!(%node_id, code = err.code(), reason = %err.message(), "command dispatch failed");
-        Ending {
-            code: close_code::ERROR,
-            reason: "internal error".into(),
-            goodbye: true,
+    /// Tells the daemon to stop commands that ended here (cancelled, timed out), sends a
+    /// newer spec, and sends the commands whose lane is free.
+    async fn dispatch(&mut self) -> Result<(), Ending> {
+        self.stop_ended().await?;
+        self.send_spec().await?;
+        self.send_commands().await
+    }
+
+    /// `cancel` for every in-flight command that reached a final state here (cancelled, timed
+    /// out) or is gone; its late result is then expected, not a violation.
+    async fn stop_ended(&mut self) -> Result<(), Ending> {
+        let mut ended = Vec::new();
+        for id in self.desk.in_flight.iter() {
+            let command = self
+                .state
+                .services
+                .command_for_gateway(id)
+                .await
+                .map_err(|err| self.internal(err))?;
+            if command.is_none_or(|c| c.status.is_final()) {
+                ended.push(id.clone());
+            }
         }
-    };
-    let mut ended = Vec::new();
-    for id in desk.in_flight.iter() {
-        let command = state
+        for id in ended {
+            self.desk.in_flight.remove(&id);
+            send(self.sink, &GatewayMessage::Cancel { id: id.to_string() })
+                .await
+                .map_err(|()| Ending::gone())?;
+            self.desk.stopped.insert(id);
+        }
+        Ok(())
+    }
+
+    /// `spec` when the node's generation moved past the one the daemon was last sent.
+    async fn send_spec(&mut self) -> Result<(), Ending> {
+        let generation = self
+            .state
             .services
-            .command_for_gateway(id)
+            .spec_generation(self.node_id)
             .await
-            .map_err(internal)?;
-        if command.is_none_or(|c| c.status.is_final()) {
-            ended.push(id.clone());
-        }
-    }
-    for id in ended {
-        desk.in_flight.remove(&id);
-        send(sink, &GatewayMessage::Cancel { id: id.to_string() })
+            .map_err(|err| self.internal(err))?;
+        if generation > self.desk.spec_sent {
+            send(
+                self.sink,
+                &GatewayMessage::Spec {
+                    spec: NodeSpec { generation },
+                },
+            )
             .await
-            .map_err(|()| gone())?;
-        desk.stopped.insert(id);
-    }
-    let generation = state
-        .services
-        .spec_generation(node_id)
-        .await
-        .map_err(internal)?;
-    if generation > desk.spec_sent {
-        send(
-            sink,
-            &GatewayMessage::Spec {
-                spec: NodeSpec { generation },
-            },
-        )
-        .await
-        .map_err(|()| gone())?;
-        desk.spec_sent = generation;
-    }
-    for command in state
-        .services
-        .dispatch_commands(node_id, epoch)
-        .await
-        .map_err(internal)?
-    {
-        let message = GatewayMessage::Command {
-            id: command.id.to_string(),
-            kind: command.kind,
-            params: command.params.clone(),
-            timeout_secs: command.timeout.num_seconds(),
-        };
-        send(sink, &message).await.map_err(|()| gone())?;
-        if command.kind == bc_core::command::CommandKind::InventoryRefresh {
-            desk.refreshes.insert(command.id.clone());
+            .map_err(|()| Ending::gone())?;
+            self.desk.spec_sent = generation;
         }
-        desk.in_flight.insert(command.id);
+        Ok(())
     }
-    Ok(())
+
+    /// The commands the queue hands this session (one per free lane).
+    async fn send_commands(&mut self) -> Result<(), Ending> {
+        for command in self
+            .state
+            .services
+            .dispatch_commands(self.node_id, self.epoch)
+            .await
+            .map_err(|err| self.internal(err))?
+        {
+            let message = GatewayMessage::Command {
+                id: command.id.to_string(),
+                kind: command.kind,
+                params: command.params.clone(),
+                timeout_secs: command.timeout.num_seconds(),
+            };
+            send(self.sink, &message)
+                .await
+                .map_err(|()| Ending::gone())?;
+            if command.kind == CommandKind::InventoryRefresh {
+                self.desk.refreshes.insert(command.id.clone());
+            }
+            self.desk.in_flight.insert(command.id);
+        }
+        Ok(())
+    }
+
+    /// A failed command dispatch, logged; the session ends with an internal error.
+    fn internal(&self, err: ApiError) -> Ending {
+        tracing::warn!(node_id = %self.node_id, code = err.code(), reason = %err.message(), "command dispatch failed");
+        Ending::internal()
+    }
 }
 
-/// The daemon went away while we were writing to it.
-fn gone() -> Ending {
+/// A frame the WebSocket layer could not read: oversized frames and broken framing surface
+/// here.
+fn bad_transport(err: &axum::Error) -> Ending {
+    let too_big =
+        err.to_string().to_lowercase().contains("too long") || err.to_string().contains("size");
+    metrics::counter!("bc_gateway_frames_rejected_total", "reason" => "transport").increment(1);
+    let code = if too_big {
+        close_code::SIZE
+    } else {
+        close_code::PROTOCOL
+    };
     Ending {
-        code: close_code::AWAY,
-        reason: "the connection dropped".into(),
+        code,
+        reason: format!("bad frame: {err}"),
         goodbye: false,
     }
 }
 
-async fn send(
-    sink: &mut futures::stream::SplitSink<WebSocket, Message>,
-    message: &GatewayMessage,
-) -> Result<(), ()> {
+async fn send(sink: &mut Sink, message: &GatewayMessage) -> Result<(), ()> {
     let text = serde_json::to_string(message).map_err(|_| ())?;
     sink.send(Message::Text(text.into())).await.map_err(|_| ())
 }
 
-async fn close(sink: &mut futures::stream::SplitSink<WebSocket, Message>, ending: Ending) {
+async fn close(sink: &mut Sink, ending: Ending) {
     if ending.goodbye {
         let reconnect = ending.reason != bc_core::protocol::close::IDENTITY_REVOKED;
         let _ = send(

@@ -1,0 +1,509 @@
+//! [`FakeDaemon`]: the daemon side of `bcd/v1` (PROTOCOL.md), for real.
+//!
+//! It generates its own ECDSA P-256 key, joins over HTTPS with a join token and a CSR, keeps
+//! and renews its node certificate, and holds a WebSocket session over TLS with that
+//! certificate as the client certificate: `hello`, the inventory sections the gateway wants,
+//! heartbeats, and reconnection with exponential backoff and jitter when the session drops.
+//! Everything it reports about its machine is simulated ([`crate::inventory`]); the knobs
+//! ([`DaemonKnobs`]) make it a sick or misbehaving machine.
+//!
+//! A daemon resolves whom to trust once ([`GatewayContext::resolve`], from a CA PEM, a
+//! SHA-256 pin of the CA or trust on first use); a fleet shares one context, and so one CA
+//! fetch, one join HTTP client and one limit on concurrent handshakes.
+//!
+//! The parts: `identity` (the key, the CSR and the node certificate: joining and renewing),
+//! `tls` (whom to trust, the TLS client configurations, connecting), `session` (one session:
+//! open it, report, then a loop that hands each frame and timer to a small handler),
+//! `commands` (what the simulated machine does with a command, and the result it reports) and
+//! `reconnect` (the daemon's life: join, hold a session, back off, again).
+
+mod commands;
+mod identity;
+mod reconnect;
+mod session;
+mod tls;
+
+pub use identity::key_and_csr;
+pub use reconnect::{Backoff, RECONNECT_BACKOFF_BASE, RECONNECT_BACKOFF_MAX, RECONNECT_JITTER};
+pub use tls::{CaTrust, GatewayContext, normalize_fingerprint};
+
+use crate::inventory::Machine;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio_tungstenite::tungstenite;
+
+/// The daemon version sent in `hello`.
+pub const DAEMON_VERSION: &str = concat!("fake-", env!("CARGO_PKG_VERSION"));
+
+/// Why a daemon stopped or an operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("the gateway URL {url:?} is not usable: {reason}")]
+    BadGatewayUrl { url: String, reason: String },
+    #[error("the control plane CA is not usable: {0}")]
+    Ca(String),
+    #[error("the control plane CA's SHA-256 fingerprint is {actual}, not the pinned {expected}")]
+    CaFingerprintMismatch { expected: String, actual: String },
+    #[error("TLS: {0}")]
+    Tls(#[from] rustls::Error),
+    #[error("TLS verifier: {0}")]
+    Verifier(#[from] rustls::client::VerifierBuilderError),
+    #[error("PEM: {0}")]
+    Pem(#[from] rustls_pki_types::pem::Error),
+    #[error("key or CSR: {0}")]
+    Key(#[from] rcgen::Error),
+    #[error("HTTP: {0}")]
+    Http(#[from] reqwest::Error),
+    #[error("the gateway refused the {operation} ({status} {code}): {message}")]
+    Refused {
+        operation: &'static str,
+        status: u16,
+        code: String,
+        message: String,
+    },
+    #[error("the gateway answered the {operation} with something unexpected: {message}")]
+    BadAnswer {
+        operation: &'static str,
+        message: String,
+    },
+    #[error("WebSocket: {0}")]
+    WebSocket(#[from] tungstenite::Error),
+    #[error("I/O: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0} timed out")]
+    Timeout(&'static str),
+    #[error("the session broke the protocol: {0}")]
+    Protocol(String),
+    #[error("the node's identity was revoked: {0}")]
+    IdentityRevoked(String),
+    #[error("this daemon is already running")]
+    AlreadyRunning,
+}
+
+impl DaemonError {
+    /// Errors that retrying cannot fix: a refused token or CSR, an untrusted CA, a bad URL.
+    /// Timeouts, connection failures, 5xx answers and a busy gateway (429) are worth another try.
+    pub fn is_permanent(&self) -> bool {
+        match self {
+            DaemonError::Refused { status, .. } => {
+                (400..500).contains(status) && *status != 408 && *status != 429
+            }
+            DaemonError::BadGatewayUrl { .. }
+            | DaemonError::Ca(_)
+            | DaemonError::CaFingerprintMismatch { .. }
+            | DaemonError::Pem(_)
+            | DaemonError::Key(_)
+            | DaemonError::Verifier(_)
+            | DaemonError::IdentityRevoked(_)
+            | DaemonError::AlreadyRunning => true,
+            _ => false,
+        }
+    }
+}
+
+/// What a simulated machine looks like and how its daemon misbehaves.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DaemonKnobs {
+    /// The machine's seed: its identifiers, GPU UUIDs and default hostname derive from it.
+    /// None: random (a new machine). Two daemons with one seed are one machine.
+    pub seed: Option<u64>,
+    /// None: derived from the seed.
+    pub hostname: Option<String>,
+    /// The identifiers sent with the join (`system-uuid`, `board-serial`, `mac`). None: derived
+    /// from the seed. Set them to simulate the same machine joining again.
+    pub identifiers: Option<BTreeMap<String, String>>,
+    pub gpu_count: u32,
+    pub gpu_model: String,
+    pub gpu_memory_mib: u64,
+    /// The GPU diagnostic reports a failing GPU.
+    pub fail_diagnostics: bool,
+    /// XID errors the GPUs report (the n-th on GPU n mod gpu_count).
+    pub xid_errors: Vec<u32>,
+    /// Drop the session and reconnect this long after each session starts.
+    pub flapping: Option<Duration>,
+    /// Added to every heartbeat interval: slow heartbeats.
+    pub heartbeat_delay: Duration,
+    /// Send no heartbeats at all (the session stays open): lost heartbeats.
+    pub skip_heartbeats: bool,
+    /// Heartbeat at this interval instead of the gateway's `heartbeatIntervalSecs`.
+    pub heartbeat_interval_override: Option<Duration>,
+    /// Renew this long after each join or renewal instead of at `renewAfter`.
+    pub renew_interval_override: Option<Duration>,
+    /// When the identity is revoked, join again with the join token instead of stopping.
+    pub rejoin_when_revoked: bool,
+    pub daemon_version: String,
+}
+
+impl Default for DaemonKnobs {
+    fn default() -> Self {
+        DaemonKnobs {
+            seed: None,
+            hostname: None,
+            identifiers: None,
+            gpu_count: 8,
+            gpu_model: "NVIDIA H100 80GB HBM3".to_owned(),
+            gpu_memory_mib: 81_559,
+            fail_diagnostics: false,
+            xid_errors: Vec::new(),
+            flapping: None,
+            heartbeat_delay: Duration::ZERO,
+            skip_heartbeats: false,
+            heartbeat_interval_override: None,
+            renew_interval_override: None,
+            rejoin_when_revoked: false,
+            daemon_version: DAEMON_VERSION.to_owned(),
+        }
+    }
+}
+
+/// Where a daemon is in its life.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Phase {
+    #[default]
+    Idle,
+    Joining,
+    Connecting,
+    Connected,
+    /// Waiting before the next try.
+    Backoff,
+    /// Stopped by [`FakeDaemon::stop`] or told not to reconnect.
+    Stopped,
+    /// Gave up on an error retrying cannot fix (see `last_error`).
+    Failed,
+}
+
+/// One daemon's state, for tests and progress reports.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DaemonStatus {
+    pub hostname: String,
+    pub phase: Phase,
+    pub node_id: Option<String>,
+    pub identity_generation: Option<i64>,
+    pub certificate_expires_at: Option<DateTime<Utc>>,
+    pub joins: u64,
+    pub renewals: u64,
+    pub connected: bool,
+    /// The epoch of the current (or last) session.
+    pub epoch: Option<i64>,
+    pub gateway_id: Option<String>,
+    pub sessions: u64,
+    pub heartbeats_sent: u64,
+    pub inventory_sections_sent: u64,
+    /// Commands the gateway sent, and those the simulated machine finished.
+    pub commands_received: u64,
+    pub commands_finished: u64,
+    /// The spec generation the daemon converged (it converges at once).
+    pub observed_generation: i64,
+    /// Why the last session ended: the gateway's goodbye or close reason, or the error.
+    pub last_close_reason: Option<String>,
+    pub errors: u64,
+    pub last_error: Option<String>,
+}
+
+/// Counters shared by every daemon of a fleet (each daemon alone has its own), so progress is
+/// read in constant time however many daemons there are.
+#[derive(Debug, Default)]
+pub struct FleetCounters {
+    /// Daemons that joined at least once.
+    pub joined: AtomicU64,
+    /// Daemons whose session is up now.
+    pub connected: AtomicU64,
+    /// Daemons that gave up.
+    pub failed: AtomicU64,
+    /// Daemons that stopped.
+    pub stopped: AtomicU64,
+    pub errors: AtomicU64,
+    pub sessions: AtomicU64,
+    pub heartbeats_sent: AtomicU64,
+    pub renewals: AtomicU64,
+}
+
+struct Shared {
+    source: Source,
+    join_secret: String,
+    knobs: DaemonKnobs,
+    machine: Machine,
+    status: watch::Sender<DaemonStatus>,
+    stop: watch::Sender<bool>,
+    running: AtomicBool,
+    counters: Arc<FleetCounters>,
+}
+
+enum Source {
+    Resolved(Arc<GatewayContext>),
+    Unresolved { gateway_url: String, ca: CaTrust },
+}
+
+/// A simulated node's daemon. Cheap to clone: clones share the daemon.
+#[derive(Clone)]
+pub struct FakeDaemon {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for FakeDaemon {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FakeDaemon")
+            .field("hostname", &self.shared.machine.hostname)
+            .finish()
+    }
+}
+
+impl FakeDaemon {
+    /// A daemon for the gateway at `gateway_url` (`https://host:port`) that joins with
+    /// `join_secret` (`<jt_id>.<secret>`), with default knobs. Nothing happens until
+    /// [`FakeDaemon::start`] or [`FakeDaemon::run`].
+    pub fn new(
+        gateway_url: impl Into<String>,
+        join_secret: impl Into<String>,
+        ca: CaTrust,
+    ) -> FakeDaemon {
+        FakeDaemon::build(
+            Source::Unresolved {
+                gateway_url: gateway_url.into(),
+                ca,
+            },
+            join_secret.into(),
+            DaemonKnobs::default(),
+            None,
+        )
+    }
+
+    /// A daemon sharing a resolved context (and its counters) with others: what a fleet uses.
+    pub fn with_context(
+        context: Arc<GatewayContext>,
+        join_secret: impl Into<String>,
+        knobs: DaemonKnobs,
+        counters: Arc<FleetCounters>,
+    ) -> FakeDaemon {
+        FakeDaemon::build(
+            Source::Resolved(context),
+            join_secret.into(),
+            knobs,
+            Some(counters),
+        )
+    }
+
+    /// The same daemon with other knobs (before it starts).
+    pub fn with_knobs(self, knobs: DaemonKnobs) -> FakeDaemon {
+        let (source, join_secret, counters) = match Arc::try_unwrap(self.shared) {
+            Ok(shared) => (shared.source, shared.join_secret, shared.counters),
+            Err(shared) => (
+                match &shared.source {
+                    Source::Resolved(context) => Source::Resolved(context.clone()),
+                    Source::Unresolved { gateway_url, ca } => Source::Unresolved {
+                        gateway_url: gateway_url.clone(),
+                        ca: ca.clone(),
+                    },
+                },
+                shared.join_secret.clone(),
+                shared.counters.clone(),
+            ),
+        };
+        FakeDaemon::build(source, join_secret, knobs, Some(counters))
+    }
+
+    fn build(
+        source: Source,
+        join_secret: String,
+        mut knobs: DaemonKnobs,
+        counters: Option<Arc<FleetCounters>>,
+    ) -> FakeDaemon {
+        let seed = *knobs.seed.get_or_insert_with(rand::random);
+        let machine = Machine::new(seed, knobs.hostname.clone(), knobs.identifiers.clone());
+        let status = DaemonStatus {
+            hostname: machine.hostname.clone(),
+            ..DaemonStatus::default()
+        };
+        FakeDaemon {
+            shared: Arc::new(Shared {
+                source,
+                join_secret,
+                knobs,
+                machine,
+                status: watch::Sender::new(status),
+                stop: watch::Sender::new(false),
+                running: AtomicBool::new(false),
+                counters: counters.unwrap_or_default(),
+            }),
+        }
+    }
+
+    pub fn knobs(&self) -> &DaemonKnobs {
+        &self.shared.knobs
+    }
+
+    pub fn machine(&self) -> &Machine {
+        &self.shared.machine
+    }
+
+    pub fn hostname(&self) -> &str {
+        &self.shared.machine.hostname
+    }
+
+    /// The simulated inventory, by section.
+    pub fn inventory(&self) -> BTreeMap<String, Value> {
+        self.shared.machine.inventory(&self.shared.knobs)
+    }
+
+    /// A snapshot of the daemon's state.
+    pub fn status(&self) -> DaemonStatus {
+        self.shared.status.borrow().clone()
+    }
+
+    /// Reads the state without copying it.
+    pub fn with_status<T>(&self, read: impl FnOnce(&DaemonStatus) -> T) -> T {
+        read(&self.shared.status.borrow())
+    }
+
+    /// Follows the daemon's state.
+    pub fn subscribe(&self) -> watch::Receiver<DaemonStatus> {
+        self.shared.status.subscribe()
+    }
+
+    /// Waits until `predicate` holds for the state, at most `timeout`; returns the state
+    /// then, or the last state seen as the error.
+    pub async fn wait_for(
+        &self,
+        predicate: impl FnMut(&DaemonStatus) -> bool,
+        timeout: Duration,
+    ) -> Result<DaemonStatus, DaemonStatus> {
+        let mut status = self.subscribe();
+        match tokio::time::timeout(timeout, status.wait_for(predicate)).await {
+            Ok(Ok(found)) => Ok(found.clone()),
+            _ => Err(self.status()),
+        }
+    }
+
+    /// Asks the daemon to close its session and stop. It does not start again.
+    pub fn stop(&self) {
+        self.shared.stop.send_replace(true);
+    }
+
+    pub fn is_stopped(&self) -> bool {
+        *self.shared.stop.borrow()
+    }
+
+    /// Runs the daemon on a new task.
+    pub fn start(&self) -> tokio::task::JoinHandle<Result<(), DaemonError>> {
+        let daemon = self.clone();
+        tokio::spawn(async move { daemon.run().await })
+    }
+
+    /// Runs the daemon here until it is stopped (`Ok`) or gives up (the error).
+    pub async fn run(&self) -> Result<(), DaemonError> {
+        if self.shared.running.swap(true, Ordering::SeqCst) {
+            return Err(DaemonError::AlreadyRunning);
+        }
+        let result = self.run_until_done().await;
+        self.shared.running.store(false, Ordering::SeqCst);
+        self.set_connected(false);
+        match &result {
+            Ok(()) => {
+                self.shared.counters.stopped.fetch_add(1, Ordering::Relaxed);
+                self.update(|s| s.phase = Phase::Stopped);
+                tracing::debug!(hostname = %self.hostname(), "daemon stopped");
+            }
+            Err(err) => {
+                self.shared.counters.failed.fetch_add(1, Ordering::Relaxed);
+                self.record_error(err);
+                self.update(|s| s.phase = Phase::Failed);
+                tracing::warn!(hostname = %self.hostname(), error = %err, "daemon gave up");
+            }
+        }
+        result
+    }
+
+    fn update(&self, change: impl FnOnce(&mut DaemonStatus)) {
+        self.shared.status.send_modify(change);
+    }
+
+    fn record_error(&self, err: &DaemonError) {
+        self.shared.counters.errors.fetch_add(1, Ordering::Relaxed);
+        let message = err.to_string();
+        self.update(|s| {
+            s.errors += 1;
+            s.last_error = Some(message);
+        });
+    }
+
+    fn set_connected(&self, connected: bool) {
+        let mut changed = false;
+        self.update(|s| {
+            changed = s.connected != connected;
+            s.connected = connected;
+        });
+        if changed {
+            if connected {
+                self.shared
+                    .counters
+                    .connected
+                    .fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.shared
+                    .counters
+                    .connected
+                    .fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Runs `work` unless the daemon is stopped first (None).
+    async fn unless_stopped<F: Future>(&self, work: F) -> Option<F::Output> {
+        let mut stop = self.shared.stop.subscribe();
+        tokio::select! {
+            biased;
+            () = stopped(&mut stop) => None,
+            output = work => Some(output),
+        }
+    }
+
+    /// Sleeps `delay` in the backoff phase; false if stopped meanwhile.
+    async fn back_off(&self, delay: Duration) -> bool {
+        self.update(|s| s.phase = Phase::Backoff);
+        self.unless_stopped(tokio::time::sleep(delay))
+            .await
+            .is_some()
+    }
+}
+
+/// Resolves once the daemon is told to stop. (The guard `wait_for` returns must not live
+/// across an await, so it is dropped here.)
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|stopped| *stopped).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn permanent_errors_are_not_retried() {
+        let refused = |status| DaemonError::Refused {
+            operation: "join",
+            status,
+            code: String::new(),
+            message: String::new(),
+        };
+        assert!(refused(401).is_permanent());
+        assert!(refused(409).is_permanent());
+        assert!(!refused(429).is_permanent());
+        assert!(!refused(503).is_permanent());
+        assert!(!DaemonError::Timeout("x").is_permanent());
+        assert!(
+            DaemonError::CaFingerprintMismatch {
+                expected: "a".into(),
+                actual: "b".into()
+            }
+            .is_permanent()
+        );
+    }
+}

@@ -1,0 +1,390 @@
+//! Whom the daemon trusts and how it reaches the gateway: the CA (given, pinned or trusted on
+//! first use), the TLS client configurations built from it, and connecting a session (TCP,
+//! TLS with the node certificate, the WebSocket upgrade).
+
+use super::DaemonError;
+use super::identity::Identity;
+use super::session::{Opening, Session};
+use bc_core::protocol::{self, ErrorBody};
+use rustls::client::WebPkiServerVerifier;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use sha2::{Digest, Sha256};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpStream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_tungstenite::tungstenite::{
+    self, client::IntoClientRequest, http, protocol::WebSocketConfig,
+};
+
+/// How long a join, renewal or CA fetch may take before it counts as failed.
+const HTTP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The WebSocket read buffer. tungstenite's default (128 KiB, zero-filled on every read) is
+/// sized for throughput; a daemon receives a few small frames and a fleet holds thousands of
+/// sessions in one process.
+const WS_READ_BUFFER_BYTES: usize = 4096;
+/// The WebSocket write buffer: frames are written out as soon as they are sent.
+const WS_WRITE_BUFFER_BYTES: usize = 0;
+
+/// How the daemon decides to trust the control plane's CA.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CaTrust {
+    /// The CA certificate (PEM), given out of band.
+    Pem(String),
+    /// The SHA-256 fingerprint (hex, of the DER) of the CA certificate, as `createJoinToken`
+    /// returns it: the CA is fetched from `/v1/ca.pem` without verification and kept only if
+    /// it matches (like kubeadm's discovery hash). `sha256:` prefixes and `:` separators are
+    /// accepted.
+    Sha256Pin(String),
+    /// Fetch `/v1/ca.pem` and trust whatever it is (with a warning): development only.
+    TrustOnFirstUse,
+}
+
+/// The gateway a daemon talks to and the CA it trusts, resolved once; a fleet shares one.
+pub struct GatewayContext {
+    base: reqwest::Url,
+    /// `host:port`, IPv6 hosts in brackets, as the WebSocket URL carries it.
+    authority: String,
+    /// The host as TCP connects to it (IPv6 without brackets).
+    host: String,
+    port: u16,
+    server_name: ServerName<'static>,
+    pub(super) trust: Arc<Trust>,
+    /// Joins carry no client certificate, so every daemon of a fleet can share one client
+    /// (and its kept-alive connections).
+    pub(super) join_client: reqwest::Client,
+    /// Bounds concurrent joins and session handshakes (None: no bound).
+    handshake_limit: Option<Arc<Semaphore>>,
+}
+
+impl std::fmt::Debug for GatewayContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GatewayContext")
+            .field("base", &self.base.as_str())
+            .field("ca_sha256", &self.trust.sha256)
+            .finish()
+    }
+}
+
+impl GatewayContext {
+    /// Parses the gateway URL (`https://host:port`) and settles on the CA to trust, fetching
+    /// `/v1/ca.pem` when `ca` is a pin or trust on first use.
+    pub async fn resolve(gateway_url: &str, ca: &CaTrust) -> Result<GatewayContext, DaemonError> {
+        let bad = |reason: &str| DaemonError::BadGatewayUrl {
+            url: gateway_url.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let base = reqwest::Url::parse(gateway_url).map_err(|e| bad(&e.to_string()))?;
+        if base.scheme() != "https" {
+            return Err(bad("the gateway always speaks TLS: use https://"));
+        }
+        let port = base.port_or_known_default().ok_or_else(|| bad("no port"))?;
+        // `host_str` writes IPv6 addresses in brackets, as an authority needs them and TCP
+        // and TLS server names do not.
+        let url_host = base.host_str().ok_or_else(|| bad("no host"))?;
+        let authority = format!("{url_host}:{port}");
+        let host = url_host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned();
+        let server_name = ServerName::try_from(host.clone()).map_err(|e| bad(&e.to_string()))?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let trust = match ca {
+            CaTrust::Pem(pem) => Trust::from_pem(pem, provider)?,
+            CaTrust::Sha256Pin(pin) => {
+                let fetched = fetch_ca_unverified(&base, provider.clone()).await?;
+                let trust = Trust::from_pem(&fetched, provider)?;
+                let expected = normalize_fingerprint(pin);
+                if trust.sha256 != expected {
+                    return Err(DaemonError::CaFingerprintMismatch {
+                        expected,
+                        actual: trust.sha256.clone(),
+                    });
+                }
+                tracing::debug!(ca_sha256 = %trust.sha256, "fetched the control plane CA; it matches the pin");
+                trust
+            }
+            CaTrust::TrustOnFirstUse => {
+                let fetched = fetch_ca_unverified(&base, provider.clone()).await?;
+                let trust = Trust::from_pem(&fetched, provider)?;
+                tracing::warn!(
+                    ca_sha256 = %trust.sha256,
+                    "trusting the control plane CA on first use, unverified; pin it with its SHA-256 fingerprint outside development"
+                );
+                trust
+            }
+        };
+        let join_client = trust.http_client(None)?;
+        Ok(GatewayContext {
+            base,
+            authority,
+            host,
+            port,
+            server_name,
+            trust: Arc::new(trust),
+            join_client,
+            handshake_limit: None,
+        })
+    }
+
+    /// Allows at most `limit` joins and session handshakes at once among the daemons sharing
+    /// this context, so ten thousand of them do not stampede the gateway (or their own process).
+    pub fn with_handshake_limit(mut self, limit: usize) -> GatewayContext {
+        self.handshake_limit = Some(Arc::new(Semaphore::new(limit.max(1))));
+        self
+    }
+
+    pub fn gateway_url(&self) -> &str {
+        self.base.as_str()
+    }
+
+    /// The trusted CA certificate (PEM).
+    pub fn ca_pem(&self) -> &str {
+        &self.trust.pem
+    }
+
+    /// The trusted CA's SHA-256 fingerprint (lower-case hex, of the DER).
+    pub fn ca_sha256(&self) -> &str {
+        &self.trust.sha256
+    }
+
+    pub(super) fn endpoint(&self, path: &str) -> Result<reqwest::Url, DaemonError> {
+        self.base
+            .join(path)
+            .map_err(|e| DaemonError::BadGatewayUrl {
+                url: self.base.to_string(),
+                reason: e.to_string(),
+            })
+    }
+
+    pub(super) async fn handshake_permit(&self) -> Option<OwnedSemaphorePermit> {
+        match &self.handshake_limit {
+            // The semaphore is never closed, so acquiring only fails if it were.
+            Some(limit) => limit.clone().acquire_owned().await.ok(),
+            None => None,
+        }
+    }
+}
+
+/// The CA a daemon trusts and what rustls builds from it.
+pub(super) struct Trust {
+    pub(super) pem: String,
+    /// SHA-256 (lower-case hex) of the first certificate's DER.
+    pub(super) sha256: String,
+    pub(super) provider: Arc<CryptoProvider>,
+    verifier: Arc<WebPkiServerVerifier>,
+}
+
+impl Trust {
+    pub(super) fn from_pem(pem: &str, provider: Arc<CryptoProvider>) -> Result<Trust, DaemonError> {
+        let certs =
+            CertificateDer::pem_slice_iter(pem.as_bytes()).collect::<Result<Vec<_>, _>>()?;
+        let first = certs
+            .first()
+            .ok_or_else(|| DaemonError::Ca("no certificate in the CA PEM".to_owned()))?;
+        let sha256 = hex::encode(Sha256::digest(first.as_ref()));
+        let mut roots = RootCertStore::empty();
+        for cert in certs {
+            roots.add(cert)?;
+        }
+        let verifier =
+            WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+                .build()?;
+        Ok(Trust {
+            pem: pem.to_owned(),
+            sha256,
+            provider,
+            verifier,
+        })
+    }
+
+    /// A TLS client configuration trusting only this CA, presenting `client_auth` if given.
+    pub(super) fn client_config(
+        &self,
+        client_auth: Option<(&[CertificateDer<'static>], &PrivateKeyDer<'static>)>,
+    ) -> Result<ClientConfig, DaemonError> {
+        let builder = ClientConfig::builder_with_provider(self.provider.clone())
+            .with_safe_default_protocol_versions()?
+            .with_webpki_verifier(self.verifier.clone());
+        let mut config = match client_auth {
+            Some((chain, key)) => builder.with_client_auth_cert(chain.to_vec(), key.clone_key())?,
+            None => builder.with_no_client_auth(),
+        };
+        // The WebSocket upgrade is HTTP/1.1, and so are the join and renewal requests.
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(config)
+    }
+
+    pub(super) fn http_client(
+        &self,
+        client_auth: Option<(&[CertificateDer<'static>], &PrivateKeyDer<'static>)>,
+    ) -> Result<reqwest::Client, DaemonError> {
+        Ok(reqwest::Client::builder()
+            .tls_backend_preconfigured(self.client_config(client_auth)?)
+            .timeout(HTTP_TIMEOUT)
+            .https_only(true)
+            .build()?)
+    }
+}
+
+/// Accepts any server certificate. Used for exactly one request: fetching `/v1/ca.pem`
+/// before the daemon knows the CA, whose answer is then checked against the pin (or trusted
+/// on first use). The handshake signatures are still checked against the presented
+/// certificate.
+#[derive(Debug)]
+struct AcceptAnyServerCertificate(Arc<CryptoProvider>);
+
+impl ServerCertVerifier for AcceptAnyServerCertificate {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// `GET /v1/ca.pem` without verifying the server: the caller must check what it gets.
+async fn fetch_ca_unverified(
+    base: &reqwest::Url,
+    provider: Arc<CryptoProvider>,
+) -> Result<String, DaemonError> {
+    let mut config = ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AcceptAnyServerCertificate(provider)))
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let client = reqwest::Client::builder()
+        .tls_backend_preconfigured(config)
+        .timeout(HTTP_TIMEOUT)
+        .https_only(true)
+        .build()?;
+    let url = base
+        .join("/v1/ca.pem")
+        .map_err(|e| DaemonError::BadGatewayUrl {
+            url: base.to_string(),
+            reason: e.to_string(),
+        })?;
+    let response = client.get(url).send().await?;
+    let status = response.status();
+    let body = response.text().await?;
+    if !status.is_success() {
+        return Err(DaemonError::Ca(format!(
+            "GET /v1/ca.pem answered {status}: {body}"
+        )));
+    }
+    Ok(body)
+}
+
+/// Lower-case hex without `sha256:` prefix or `:` separators.
+pub fn normalize_fingerprint(pin: &str) -> String {
+    let pin = pin.trim();
+    let pin = pin
+        .strip_prefix("sha256:")
+        .or_else(|| pin.strip_prefix("SHA256:"))
+        .unwrap_or(pin);
+    pin.chars()
+        .filter(|c| *c != ':')
+        .flat_map(char::to_lowercase)
+        .collect()
+}
+
+/// TCP, TLS with the node certificate, and the WebSocket upgrade (`bcd.v1`). The gateway
+/// refuses the upgrade with a 403 when the node's identity was revoked.
+pub(super) async fn connect(
+    context: &GatewayContext,
+    identity: &Identity,
+) -> Result<Session, Opening> {
+    let tcp = TcpStream::connect((context.host.as_str(), context.port)).await?;
+    tcp.set_nodelay(true)?;
+    let tls = tokio_rustls::TlsConnector::from(identity.session_tls.clone())
+        .connect(context.server_name.clone(), tcp)
+        .await?;
+    let mut request = format!("wss://{}/v1/session", context.authority).into_client_request()?;
+    request.headers_mut().insert(
+        http::header::SEC_WEBSOCKET_PROTOCOL,
+        http::HeaderValue::from_static(protocol::PROTOCOL),
+    );
+    let config = WebSocketConfig::default()
+        .read_buffer_size(WS_READ_BUFFER_BYTES)
+        .write_buffer_size(WS_WRITE_BUFFER_BYTES)
+        .max_message_size(Some(protocol::MAX_FRAME_BYTES))
+        .max_frame_size(Some(protocol::MAX_FRAME_BYTES));
+    match tokio_tungstenite::client_async_with_config(request, tls, Some(config)).await {
+        Ok((ws, _response)) => Ok(ws),
+        Err(tungstenite::Error::Http(response)) => {
+            let status = response.status().as_u16();
+            let body = response.body().as_deref().unwrap_or_default();
+            let (code, message) = match serde_json::from_slice::<ErrorBody>(body) {
+                Ok(error) => (error.code, error.message),
+                Err(_) => (String::new(), String::from_utf8_lossy(body).into_owned()),
+            };
+            if status == 403 {
+                return Err(Opening::Revoked(if message.is_empty() {
+                    "403 on /v1/session".to_owned()
+                } else {
+                    message
+                }));
+            }
+            Err(Opening::Failed(DaemonError::Refused {
+                operation: "session",
+                status,
+                code,
+                message,
+            }))
+        }
+        Err(err) => Err(err.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fingerprints_are_normalized() {
+        assert_eq!(normalize_fingerprint("sha256:AB:cd:01"), "abcd01");
+        assert_eq!(normalize_fingerprint(" abcd01 "), "abcd01");
+    }
+}
