@@ -23,13 +23,17 @@ pub struct SessionRegistry {
 }
 
 impl SessionRegistry {
-    /// Registers the session of `epoch`, ending an older one of the same node held here.
+    /// Registers the session of `epoch`; of two sessions of one node held here, the newer
+    /// epoch stays and the older is told to close, whichever registers last (two hellos can
+    /// race between opening their epoch and registering).
     pub fn register(&self, node: &NodeId, epoch: i64, kick: Kick) {
         let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((old_epoch, old_kick)) = live.insert(node.clone(), (epoch, kick))
-            && old_epoch < epoch
-        {
-            let _ = old_kick.send(SessionSignal::Close(bc_core::protocol::close::SUPERSEDED));
+        let superseded = match live.get(node) {
+            Some((held, _)) if *held > epoch => Some(kick),
+            _ => live.insert(node.clone(), (epoch, kick)).map(|(_, old)| old),
+        };
+        if let Some(older) = superseded {
+            let _ = older.send(SessionSignal::Close(bc_core::protocol::close::SUPERSEDED));
         }
         metrics::gauge!("bc_gateway_sessions").set(live.len() as f64);
     }
@@ -91,5 +95,40 @@ impl SessionRegistry {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session() -> (Kick, mpsc::UnboundedReceiver<SessionSignal>) {
+        mpsc::unbounded_channel()
+    }
+
+    #[test]
+    fn the_newer_epoch_stays_whichever_registers_last() {
+        let node = NodeId::generate();
+        let superseded = SessionSignal::Close(bc_core::protocol::close::SUPERSEDED);
+        for newer_first in [false, true] {
+            let registry = SessionRegistry::default();
+            let (old_kick, mut old) = session();
+            let (new_kick, mut new) = session();
+            if newer_first {
+                registry.register(&node, 2, new_kick);
+                registry.register(&node, 1, old_kick);
+            } else {
+                registry.register(&node, 1, old_kick);
+                registry.register(&node, 2, new_kick);
+            }
+            assert_eq!(
+                old.try_recv().ok(),
+                Some(superseded),
+                "newer first: {newer_first}"
+            );
+            assert!(new.try_recv().is_err(), "newer first: {newer_first}");
+            registry.poke(&node);
+            assert_eq!(new.try_recv().ok(), Some(SessionSignal::CommandsChanged));
+        }
     }
 }
