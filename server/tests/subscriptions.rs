@@ -6,13 +6,13 @@
 //! Every wait is for a message, bounded by [`WAIT`]; nothing sleeps and nothing is timed.
 
 use bc_core::Actor;
+use bc_core::event::{EventType, RecordedEvent};
 use bc_core::ids::{EventId, TenantId};
 use bc_testing::subscription::{ConnectError, ConnectOptions, SubMessage, SubscriptionClient};
 use bc_testing::{Backend, TestServer, each_backend};
 use better_compute::auth::{Role, TokenKeys};
 use better_compute::feed::FEED_BUFFER;
 use better_compute::store::events;
-use better_compute::store::rows::StoredEvent;
 use chrono::{Duration as ChronoDuration, Utc};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
@@ -144,9 +144,9 @@ async fn apply(s: &TestServer, node: &mut Node, change: Change) {
 }
 
 /// Every event of the table after `after`, oldest first, read in pages.
-async fn table_after(s: &TestServer, after: i64) -> Vec<StoredEvent> {
+async fn table_after(s: &TestServer, after: i64) -> Vec<RecordedEvent> {
     let db = s.server.services.store.db();
-    let mut all: Vec<StoredEvent> = Vec::new();
+    let mut all: Vec<RecordedEvent> = Vec::new();
     let mut last = after;
     loop {
         let page = events::after(db, last, 1000)
@@ -180,7 +180,7 @@ fn cursor(seq: i64) -> String {
     EventId(seq).to_string()
 }
 
-fn ids(events: &[StoredEvent]) -> Vec<i64> {
+fn ids(events: &[RecordedEvent]) -> Vec<i64> {
     events.iter().map(|e| e.id.0).collect()
 }
 
@@ -223,7 +223,7 @@ fn event_ids(events: &[Value]) -> Vec<i64> {
 
 /// Asserts the events delivered are exactly the table's, in order, field by field.
 #[track_caller]
-fn assert_same_events(delivered: &[Value], table: &[StoredEvent], what: &str) {
+fn assert_same_events(delivered: &[Value], table: &[RecordedEvent], what: &str) {
     let delivered_ids = event_ids(delivered);
     assert_strictly_increasing(&delivered_ids, what);
     assert_eq!(
@@ -806,7 +806,8 @@ fn socket_buffer_bound() -> usize {
 }
 
 /// One transaction of `CHUNK` filler events (not about a node), then the feed is woken by
-/// the commit.
+/// the commit. They carry a real type (`tenant.created`): the log holds only the types the
+/// control plane writes, and a row of any other type is read as corrupt.
 async fn append_chunk(s: &TestServer, chunk: usize) {
     let txn = s
         .server
@@ -820,7 +821,7 @@ async fn append_chunk(s: &TestServer, chunk: usize) {
     for i in 0..CHUNK {
         events::append_other(
             &*txn,
-            "test.filler",
+            EventType::TenantCreated,
             None,
             &Actor::System,
             json!({ "chunk": chunk, "i": i, "pad": pad }),

@@ -3,17 +3,17 @@
 use bc_core::Actor;
 use bc_core::axes::TaintEffect;
 use bc_core::catalog::Placement;
-use bc_core::event::Change;
+use bc_core::event::{Change, EventType, RecordedEvent};
 use bc_core::ids::{NodeId, PoolId, SiteId};
-use bc_core::node::{NewNode, NodeDetail, NodeRecord};
+use bc_core::node::{NewNode, NodeRecord};
 use bc_core::provision::{ENROLL_STATE, ProvisionMove};
+use bc_core::view::NodeDetail;
 use chrono::{DateTime, SubsecRound, Utc};
 use std::collections::BTreeMap;
 
 use super::Services;
 use crate::auth::{Principal, Role};
 use crate::error::{ApiError, ApiResult};
-use crate::store::rows::StoredEvent;
 use crate::store::{WriteTxn, catalog, events, nodes};
 
 pub use crate::store::nodes::{CapacityRow, LabelSelector, NodeFilter};
@@ -125,7 +125,8 @@ impl Services {
         node: &NodeDetail,
         before: Option<bc_core::ids::EventId>,
         limit: u64,
-    ) -> ApiResult<Vec<StoredEvent>> {
+    ) -> ApiResult<Vec<RecordedEvent>> {
+        let node = &node.record;
         if !principal.can_see(node.owner_tenant_id.as_ref()) {
             return Err(not_found(&node.id));
         }
@@ -453,7 +454,7 @@ impl Services {
         )?;
         nodes::insert(&*txn, &record).await?;
         let change = Change::new(
-            "node.enrolled",
+            EventType::NodeEnrolled,
             bc_core::event::Axis::Lifecycle,
             None::<String>,
             Some(ENROLL_STATE.as_static_str()),
