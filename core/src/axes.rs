@@ -3,15 +3,19 @@
 //! Each enum's string form (`Display`/`FromStr`, via strum) is its storage and wire spelling,
 //! exactly as the seed writes it (`tenant-owned`, `metal-host`, `bcd/v1`).
 
-use serde::{Deserialize, Serialize};
-use strum::{AsRefStr, Display, EnumIter, EnumString, IntoStaticStr};
-
+/// Declares a closed set whose every value has exactly one storage and wire spelling: the
+/// enum with its derives (`Display`/`FromStr`/`AsRefStr`/`IntoStaticStr` via strum, serde),
+/// `ALL` in declaration order, and `as_static_str`. Every such enum in `bc-core` is declared
+/// through it, so the spellings sit next to the variants and cannot drift between strum and
+/// serde. Usable from every module of the crate (`crate::axes::axis_enum!`).
 macro_rules! axis_enum {
     ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident = $text:literal),+ $(,)? }) => {
         $(#[$doc])*
         #[derive(
             Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord,
-            Serialize, Deserialize, Display, EnumString, EnumIter, AsRefStr, IntoStaticStr,
+            ::serde::Serialize, ::serde::Deserialize,
+            ::strum::Display, ::strum::EnumString, ::strum::EnumIter, ::strum::AsRefStr,
+            ::strum::IntoStaticStr,
         )]
         pub enum $name {
             $($(#[$vdoc])* #[strum(serialize = $text)] #[serde(rename = $text)] $variant),+
@@ -28,6 +32,7 @@ macro_rules! axis_enum {
         }
     };
 }
+pub(crate) use axis_enum;
 
 axis_enum!(
     /// Where a node is in its life, from join or enrolment to retirement. Moves only along
@@ -184,6 +189,94 @@ mod tests {
                 .ok()
                 .as_deref(),
             Some("\"tenant-controlled\"")
+        );
+    }
+
+    /// The enums of other modules declared through `axis_enum!` keep the spellings their
+    /// hand-written derives gave them (storage, wire and GraphQL inputs depend on them).
+    #[test]
+    fn enums_declared_elsewhere_keep_their_spellings() {
+        fn spellings<T: Copy + Into<&'static str>>(all: &[T]) -> Vec<&'static str> {
+            all.iter().map(|v| (*v).into()).collect()
+        }
+        use crate::command::{CommandKind, CommandStatus, Lane};
+        use crate::provision::ProvisionMove;
+        use crate::schedule::{CapacityBucket, Check};
+        assert_eq!(
+            spellings(CommandKind::ALL),
+            [
+                "inventory.refresh",
+                "diag.nvml",
+                "logs.collect",
+                "gpu.reset",
+                "node.reboot"
+            ]
+        );
+        assert_eq!(spellings(Lane::ALL), ["gpu", "inventory", "logs"]);
+        assert_eq!(
+            spellings(CommandStatus::ALL),
+            [
+                "queued",
+                "dispatched",
+                "running",
+                "succeeded",
+                "failed",
+                "timed_out",
+                "cancelled",
+                "expired"
+            ]
+        );
+        assert_eq!(
+            spellings(ProvisionMove::ALL),
+            [
+                "adopt",
+                "inspect",
+                "commission",
+                "provide",
+                "deploy",
+                "finish-deploy",
+                "release",
+                "finish-release",
+                "rescue",
+                "unrescue",
+                "retire",
+                "finish-retire",
+                "fail",
+                "recover"
+            ]
+        );
+        assert_eq!(
+            spellings(CapacityBucket::ALL),
+            [
+                "schedulable",
+                "excluded",
+                "maintenance",
+                "provisioning",
+                "unreachable",
+                "unhealthy"
+            ]
+        );
+        assert_eq!(
+            spellings(Check::ALL),
+            [
+                "role-is-host",
+                "trust-allows-pool",
+                "in-service",
+                "provisioned",
+                "converged-first-spec",
+                "connected",
+                "no-reasons"
+            ]
+        );
+        assert_eq!(
+            serde_json::to_string(&CommandStatus::TimedOut)
+                .ok()
+                .as_deref(),
+            Some("\"timed_out\"")
+        );
+        assert_eq!(
+            "finish-deploy".parse::<ProvisionMove>().ok(),
+            Some(ProvisionMove::FinishDeploy)
         );
     }
 

@@ -1,84 +1,44 @@
 //! The command queue's rules: kinds with their parameters, timeouts and safety flags, lanes,
 //! and the status a command moves through.
 
-use chrono::{DateTime, Duration, Utc};
-use serde::{Deserialize, Serialize};
-use strum::{AsRefStr, Display, EnumIter, EnumString, IntoStaticStr};
-
 use crate::Actor;
-use crate::axes::Trust;
+use crate::axes::{Trust, axis_enum};
 use crate::error::DomainError;
 use crate::ids::{CommandId, NodeId, TenantId};
+use chrono::{DateTime, Duration, Utc};
+use serde::{Deserialize, Serialize};
 
-/// What a command does on the node.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    Serialize,
-    Deserialize,
-    Display,
-    EnumString,
-    EnumIter,
-    AsRefStr,
-    IntoStaticStr,
-)]
-pub enum CommandKind {
-    /// Re-read the machine's inventory and report changed sections.
-    #[strum(serialize = "inventory.refresh")]
-    #[serde(rename = "inventory.refresh")]
-    InventoryRefresh,
-    /// NVIDIA GPU diagnostics (DCGM/NVML); acceptance runs it.
-    #[strum(serialize = "diag.nvml")]
-    #[serde(rename = "diag.nvml")]
-    DiagNvml,
-    /// Collect logs (journal, dmesg, NVIDIA bug report) for support.
-    #[strum(serialize = "logs.collect")]
-    #[serde(rename = "logs.collect")]
-    LogsCollect,
-    /// Reset one GPU or all of them. Destructive: running workloads on them die.
-    #[strum(serialize = "gpu.reset")]
-    #[serde(rename = "gpu.reset")]
-    GpuReset,
-    /// Reboot the machine. Destructive.
-    #[strum(serialize = "node.reboot")]
-    #[serde(rename = "node.reboot")]
-    NodeReboot,
-}
+axis_enum!(
+    /// What a command does on the node.
+    CommandKind {
+        /// Re-read the machine's inventory and report changed sections.
+        InventoryRefresh = "inventory.refresh",
+        /// NVIDIA GPU diagnostics (DCGM/NVML); acceptance runs it.
+        DiagNvml = "diag.nvml",
+        /// Collect logs (journal, dmesg, NVIDIA bug report) for support.
+        LogsCollect = "logs.collect",
+        /// Reset one GPU or all of them. Destructive: running workloads on them die.
+        GpuReset = "gpu.reset",
+        /// Reboot the machine. Destructive.
+        NodeReboot = "node.reboot",
+    }
+);
 
-/// Lanes: commands in one lane of a node run one at a time, in order; lanes run side by side.
-///
-/// - `gpu`: everything that touches the GPUs or the machine as a whole (`diag.nvml`,
-///   `gpu.reset`, `node.reboot`). A diagnostic during a reset measures nothing, and a reboot
-///   must not cut a diagnostic in half, so they queue behind each other.
-/// - `inventory`: `inventory.refresh` only reads; it may run beside a diagnostic.
-/// - `logs`: `logs.collect` is what an operator wants *while* something is stuck in the `gpu`
-///   lane, so it never waits behind it.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    Serialize,
-    Deserialize,
-    Display,
-    EnumString,
-    EnumIter,
-    AsRefStr,
-    IntoStaticStr,
-)]
-#[strum(serialize_all = "lowercase")]
-#[serde(rename_all = "lowercase")]
-pub enum Lane {
-    Gpu,
-    Inventory,
-    Logs,
-}
+axis_enum!(
+    /// Lanes: commands in one lane of a node run one at a time, in order; lanes run side by side.
+    ///
+    /// - `gpu`: everything that touches the GPUs or the machine as a whole (`diag.nvml`,
+    ///   `gpu.reset`, `node.reboot`). A diagnostic during a reset measures nothing, and a reboot
+    ///   must not cut a diagnostic in half, so they queue behind each other.
+    /// - `inventory`: `inventory.refresh` only reads; it may run beside a diagnostic.
+    /// - `logs`: `logs.collect` is what an operator wants *while* something is stuck in the `gpu`
+    ///   lane, so it never waits behind it.
+    Lane {
+        Gpu = "gpu",
+        Inventory = "inventory",
+        Logs = "logs",
+    }
+);
 
 /// How long a command may wait in the queue before it expires, unless the sender says.
 pub const DEFAULT_QUEUE_TTL: Duration = Duration::hours(1);
@@ -195,47 +155,21 @@ impl CommandKind {
     }
 }
 
-/// Where a command is.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    Serialize,
-    Deserialize,
-    Display,
-    EnumString,
-    EnumIter,
-    AsRefStr,
-    IntoStaticStr,
-)]
-#[strum(serialize_all = "snake_case")]
-#[serde(rename_all = "snake_case")]
-pub enum CommandStatus {
-    Queued,
-    Dispatched,
-    Running,
-    Succeeded,
-    Failed,
-    TimedOut,
-    Cancelled,
-    Expired,
-}
+axis_enum!(
+    /// Where a command is.
+    CommandStatus {
+        Queued = "queued",
+        Dispatched = "dispatched",
+        Running = "running",
+        Succeeded = "succeeded",
+        Failed = "failed",
+        TimedOut = "timed_out",
+        Cancelled = "cancelled",
+        Expired = "expired",
+    }
+);
 
 impl CommandStatus {
-    pub const ALL: &'static [CommandStatus] = &[
-        CommandStatus::Queued,
-        CommandStatus::Dispatched,
-        CommandStatus::Running,
-        CommandStatus::Succeeded,
-        CommandStatus::Failed,
-        CommandStatus::TimedOut,
-        CommandStatus::Cancelled,
-        CommandStatus::Expired,
-    ];
-
     pub fn is_final(self) -> bool {
         matches!(
             self,

@@ -1,38 +1,165 @@
-//! What a transition changed. Each [`Change`] becomes one row of the event log, written in the
-//! same transaction as the change itself.
+//! What a transition changed, and the event log that records it.
+//!
+//! Each [`Change`] becomes one row of the event log, written in the same transaction as the
+//! change itself. [`EventType`] is the closed set of event types the control plane writes;
+//! [`RecordedEvent`] is a row of the log read back as domain types.
 
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-/// The node field a change touched. Axes are the seed's; the others are fields an operator
-/// changes (labels, taints) and the bookkeeping fields that must be auditable.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, strum::Display, strum::AsRefStr,
-)]
-#[strum(serialize_all = "camelCase")]
-#[serde(rename_all = "camelCase")]
-pub enum Axis {
-    ProvisionState,
-    Maintenance,
-    Cordoned,
-    Power,
-    Connectivity,
-    Conditions,
-    NoScheduleReasons,
-    Labels,
-    Taints,
-    IdentityGeneration,
-    Generation,
-    ObservedGeneration,
-    Lifecycle,
-    /// Facts from the node's inventory (GPU count, hardware key).
-    Inventory,
+use crate::actor::Actor;
+use crate::axes::axis_enum;
+use crate::command::CommandStatus;
+use crate::ids::{EventId, NodeId, TenantId};
+
+axis_enum!(
+    /// The node field a change touched. Axes are the seed's; the others are fields an operator
+    /// changes (labels, taints) and the bookkeeping fields that must be auditable.
+    Axis {
+        ProvisionState = "provisionState",
+        Maintenance = "maintenance",
+        Cordoned = "cordoned",
+        Power = "power",
+        Connectivity = "connectivity",
+        Conditions = "conditions",
+        NoScheduleReasons = "noScheduleReasons",
+        Labels = "labels",
+        Taints = "taints",
+        IdentityGeneration = "identityGeneration",
+        Generation = "generation",
+        ObservedGeneration = "observedGeneration",
+        Lifecycle = "lifecycle",
+        /// Facts from the node's inventory (GPU count, hardware key).
+        Inventory = "inventory",
+        /// A command sent to the node changed status (the `command.*` events).
+        Command = "command",
+    }
+);
+
+axis_enum!(
+    /// Every event type the control plane writes, spelled as stored in the event log and shown
+    /// by the API (`Event.type`, `AxisChange.type`). The spellings are a contract: clients
+    /// filter on them (`events(types: …)`), so a variant is never renamed, only added.
+    EventType {
+        // Nodes: membership.
+        /// JoinService admitted a new node (a node row in `adopting`).
+        NodeJoined = "node.joined",
+        /// A machine whose trusted hardware key belongs to an existing node joined again: that
+        /// node was reclaimed in place and its identity replaced.
+        NodeRejoined = "node.rejoined",
+        /// An operator enrolled a bare-metal node through its BMC (`enrollNode`).
+        NodeEnrolled = "node.enrolled",
+        /// The node was soft-deleted (`deleteNode`).
+        NodeDeleted = "node.deleted",
+
+        // Nodes: the state axes.
+        /// `provisionState` moved along the state table (a workflow step, `adopt`, `fail`,
+        /// `recover`, …).
+        NodeProvisionStateChanged = "node.provision_state_changed",
+        /// Maintenance turned on (a workflow failed).
+        NodeMaintenanceOn = "node.maintenance_on",
+        /// Maintenance turned off (the failed workflow was recovered).
+        NodeMaintenanceOff = "node.maintenance_off",
+        /// An operator cordoned the node (`cordonNode`, or the start of `drainNode`).
+        NodeCordoned = "node.cordoned",
+        /// An operator uncordoned the node (which also ends a drain).
+        NodeUncordoned = "node.uncordoned",
+        /// A drain started, or an operator drained again with a different deadline.
+        NodeDrainStarted = "node.drain_started",
+        /// A drain ended (deadline passed or allocations released); the cordon stays.
+        NodeDrainFinished = "node.drain_finished",
+        /// The gateway or Liveness moved `connectivity`.
+        NodeConnectivityChanged = "node.connectivity_changed",
+        /// Inventory, Health, Liveness or NodeLifecycle set a condition to a new status.
+        NodeConditionChanged = "node.condition_changed",
+        /// A reason entered `noScheduleReasons` (with the change that caused it).
+        NodeNoScheduleReasonAdded = "node.no_schedule_reason_added",
+        /// A reason left `noScheduleReasons` (with the change that caused it).
+        NodeNoScheduleReasonRemoved = "node.no_schedule_reason_removed",
+
+        // Nodes: operator fields.
+        /// An operator taint was added or replaced.
+        NodeTainted = "node.tainted",
+        /// An operator taint was removed.
+        NodeUntainted = "node.untainted",
+        /// A label was set (by an operator, or an inventory label by the Inventory controller).
+        NodeLabelSet = "node.label_set",
+        /// A label was removed.
+        NodeLabelRemoved = "node.label_removed",
+
+        // Nodes: inventory and bookkeeping.
+        /// The node's inventory reported a different number of GPUs.
+        NodeGpuCountChanged = "node.gpu_count_changed",
+        /// The hardware key computed from the node's identifiers changed (or its trust).
+        NodeHardwareKeyChanged = "node.hardware_key_changed",
+        /// The NodeSpec controller wrote a new desired-state generation.
+        NodeSpecGeneration = "node.spec_generation",
+        /// The daemon reported converging a newer spec generation.
+        NodeObservedGeneration = "node.observed_generation",
+        /// `identityGeneration` was bumped: `revokeNodeIdentity`, a re-join in place, or a
+        /// deletion. Certificates of the old generation stop working.
+        NodeIdentityRevoked = "node.identity_revoked",
+
+        // Commands: one event per status a command enters (`command.<status>`).
+        /// A command was queued for a node.
+        CommandQueued = "command.queued",
+        /// A command was sent to the node's session.
+        CommandDispatched = "command.dispatched",
+        /// The daemon reported the command started.
+        CommandRunning = "command.running",
+        /// The command ended successfully.
+        CommandSucceeded = "command.succeeded",
+        /// The command failed (on the node, or because it could not be redelivered).
+        CommandFailed = "command.failed",
+        /// The command ran past its timeout.
+        CommandTimedOut = "command.timed_out",
+        /// The command was cancelled.
+        CommandCancelled = "command.cancelled",
+        /// The command waited in the queue past its TTL.
+        CommandExpired = "command.expired",
+
+        // Catalog and join tokens (no node).
+        /// A tenant was created.
+        TenantCreated = "tenant.created",
+        /// A site was created.
+        SiteCreated = "site.created",
+        /// A pool was created.
+        PoolCreated = "pool.created",
+        /// A join token was created.
+        JoinTokenCreated = "join_token.created",
+        /// A join token was revoked.
+        JoinTokenRevoked = "join_token.revoked",
+
+        // Liveness (no node).
+        /// Liveness paused for a site: too many of its nodes went silent at once (the fleet
+        /// brake), so they are not marked unreachable.
+        SiteLivenessPaused = "site.liveness_paused",
+        /// Liveness resumed for a site the brake had paused.
+        SiteLivenessResumed = "site.liveness_resumed",
+    }
+);
+
+impl EventType {
+    /// The event of a command entering `status` (`command.<status>`).
+    pub fn command(status: CommandStatus) -> EventType {
+        match status {
+            CommandStatus::Queued => EventType::CommandQueued,
+            CommandStatus::Dispatched => EventType::CommandDispatched,
+            CommandStatus::Running => EventType::CommandRunning,
+            CommandStatus::Succeeded => EventType::CommandSucceeded,
+            CommandStatus::Failed => EventType::CommandFailed,
+            CommandStatus::TimedOut => EventType::CommandTimedOut,
+            CommandStatus::Cancelled => EventType::CommandCancelled,
+            CommandStatus::Expired => EventType::CommandExpired,
+        }
+    }
 }
 
 /// One change a transition made: which axis, from what to what, and the event type that
 /// describes it (`node.cordoned`, `node.provision_state_changed`, …).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Change {
-    pub event_type: &'static str,
+    pub event_type: EventType,
     pub axis: Axis,
     pub from: Option<String>,
     pub to: Option<String>,
@@ -42,7 +169,7 @@ pub struct Change {
 
 impl Change {
     pub fn new(
-        event_type: &'static str,
+        event_type: EventType,
         axis: Axis,
         from: Option<impl Into<String>>,
         to: Option<impl Into<String>>,
@@ -59,5 +186,147 @@ impl Change {
     pub fn with_detail(mut self, detail: impl Into<String>) -> Self {
         self.detail = Some(detail.into());
         self
+    }
+}
+
+/// An entry of the event log, read back: what happened, to which node (if any), who did it
+/// and why. The storage layer maps each row to this explicitly; a row that does not map (an
+/// unknown type, axis or actor) is a corrupt row, never guessed at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedEvent {
+    /// The sequence number: commit order, and the resume cursor.
+    pub id: EventId,
+    /// The node it is about; `None` for catalog, join-token and site events.
+    pub node_id: Option<NodeId>,
+    /// The tenant that may see it (the node's, site's or pool's owner); `None` for platform
+    /// events, which only platform principals see.
+    pub tenant_id: Option<TenantId>,
+    pub event_type: EventType,
+    /// The axis or field changed; `None` for events not about a node field.
+    pub axis: Option<Axis>,
+    pub from: Option<String>,
+    pub to: Option<String>,
+    pub actor: Actor,
+    /// What caused it: the mutation, controller step, session or command id.
+    pub cause: Option<String>,
+    /// Event-specific data: for node changes `{ detail, version }` (the node's version after
+    /// the change), for commands the command's status fields, for the others what was created.
+    pub data: serde_json::Value,
+    pub at: DateTime<Utc>,
+}
+
+impl RecordedEvent {
+    /// The node's version after the change, for node changes.
+    pub fn node_version(&self) -> Option<i64> {
+        self.data.get("version").and_then(serde_json::Value::as_i64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::str::FromStr;
+
+    /// The stored and wire spelling of every event type. A contract (the log keeps old rows,
+    /// clients filter on types): these never change. The `match` is exhaustive, so a new
+    /// variant does not compile until its spelling is pinned here.
+    fn pinned(t: EventType) -> &'static str {
+        match t {
+            EventType::NodeJoined => "node.joined",
+            EventType::NodeRejoined => "node.rejoined",
+            EventType::NodeEnrolled => "node.enrolled",
+            EventType::NodeDeleted => "node.deleted",
+            EventType::NodeProvisionStateChanged => "node.provision_state_changed",
+            EventType::NodeMaintenanceOn => "node.maintenance_on",
+            EventType::NodeMaintenanceOff => "node.maintenance_off",
+            EventType::NodeCordoned => "node.cordoned",
+            EventType::NodeUncordoned => "node.uncordoned",
+            EventType::NodeDrainStarted => "node.drain_started",
+            EventType::NodeDrainFinished => "node.drain_finished",
+            EventType::NodeConnectivityChanged => "node.connectivity_changed",
+            EventType::NodeConditionChanged => "node.condition_changed",
+            EventType::NodeNoScheduleReasonAdded => "node.no_schedule_reason_added",
+            EventType::NodeNoScheduleReasonRemoved => "node.no_schedule_reason_removed",
+            EventType::NodeTainted => "node.tainted",
+            EventType::NodeUntainted => "node.untainted",
+            EventType::NodeLabelSet => "node.label_set",
+            EventType::NodeLabelRemoved => "node.label_removed",
+            EventType::NodeGpuCountChanged => "node.gpu_count_changed",
+            EventType::NodeHardwareKeyChanged => "node.hardware_key_changed",
+            EventType::NodeSpecGeneration => "node.spec_generation",
+            EventType::NodeObservedGeneration => "node.observed_generation",
+            EventType::NodeIdentityRevoked => "node.identity_revoked",
+            EventType::CommandQueued => "command.queued",
+            EventType::CommandDispatched => "command.dispatched",
+            EventType::CommandRunning => "command.running",
+            EventType::CommandSucceeded => "command.succeeded",
+            EventType::CommandFailed => "command.failed",
+            EventType::CommandTimedOut => "command.timed_out",
+            EventType::CommandCancelled => "command.cancelled",
+            EventType::CommandExpired => "command.expired",
+            EventType::TenantCreated => "tenant.created",
+            EventType::SiteCreated => "site.created",
+            EventType::PoolCreated => "pool.created",
+            EventType::JoinTokenCreated => "join_token.created",
+            EventType::JoinTokenRevoked => "join_token.revoked",
+            EventType::SiteLivenessPaused => "site.liveness_paused",
+            EventType::SiteLivenessResumed => "site.liveness_resumed",
+        }
+    }
+
+    #[test]
+    fn event_types_are_pinned_and_round_trip() {
+        assert_eq!(EventType::ALL.len(), 39);
+        let mut seen = std::collections::BTreeSet::new();
+        for t in EventType::ALL.iter().copied() {
+            let spelling = pinned(t);
+            assert!(seen.insert(spelling), "`{spelling}` is spelled twice");
+            assert_eq!(t.as_static_str(), spelling);
+            assert_eq!(t.to_string(), spelling);
+            assert_eq!(EventType::from_str(spelling).ok(), Some(t));
+            let json = serde_json::to_string(&t).expect("serialises");
+            assert_eq!(json, format!("\"{spelling}\""));
+            assert_eq!(serde_json::from_str::<EventType>(&json).ok(), Some(t));
+        }
+        assert!(EventType::from_str("test.filler").is_err());
+    }
+
+    #[test]
+    fn command_events_are_command_dot_status() {
+        for status in CommandStatus::ALL.iter().copied() {
+            assert_eq!(
+                EventType::command(status).as_static_str(),
+                format!("command.{status}")
+            );
+        }
+    }
+
+    /// Axes are stored in the event log too.
+    #[test]
+    fn axes_are_pinned() {
+        let spellings: Vec<&str> = Axis::ALL.iter().map(|a| a.as_static_str()).collect();
+        assert_eq!(
+            spellings,
+            [
+                "provisionState",
+                "maintenance",
+                "cordoned",
+                "power",
+                "connectivity",
+                "conditions",
+                "noScheduleReasons",
+                "labels",
+                "taints",
+                "identityGeneration",
+                "generation",
+                "observedGeneration",
+                "lifecycle",
+                "inventory",
+                "command",
+            ]
+        );
+        for axis in Axis::ALL.iter().copied() {
+            assert_eq!(Axis::from_str(axis.as_static_str()).ok(), Some(axis));
+        }
     }
 }

@@ -2,8 +2,9 @@
 //!
 //! Everything here follows `shared/seed/nodes.md`: a node's state is a set of independent
 //! axes ([`axes`]), `provisionState` moves only along [`provision::PROVISION_STATE_TABLE`],
-//! schedulability is the seven ordered checks of [`schedule`], and every change a transition
-//! makes is returned as a list of [`event::Change`]s so the storage layer can write the
+//! schedulability is the seven ordered checks of [`schedule`], the API view of a node is
+//! [`view::NodeDetail`], and every change a transition makes is returned as a list of
+//! [`event::Change`]s (typed by [`event::EventType`]) so the storage layer can write the
 //! matching events in the same transaction.
 //!
 //! Time enters only through the [`clock::Clock`] trait (or an explicit `now` argument), so
@@ -25,6 +26,7 @@ pub mod protocol;
 pub mod provision;
 pub mod reason;
 pub mod schedule;
+pub mod view;
 
 pub use actor::Actor;
 pub use error::DomainError;

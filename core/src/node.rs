@@ -1,5 +1,6 @@
-//! The node: [`NodeRecord`] (everything the control plane knows), [`NodeDetail`] (the API
-//! view the seed defines), and the transitions an operator or controller can make.
+//! The node: [`NodeRecord`] (everything the control plane knows) and the transitions an
+//! operator or controller can make. The API view, `NodeDetail`, is composed from a record in
+//! [`crate::view`].
 //!
 //! Transitions mutate a record in memory and return the [`Change`]s they made; they never
 //! touch `version`. The storage layer writes the record with `version + 1` only when the list
@@ -15,11 +16,10 @@ use crate::axes::{
     Adapter, ConditionStatus, Connectivity, Power, ProvisionState, Role, TaintEffect, Trust,
 };
 use crate::error::DomainError;
-use crate::event::{Axis, Change};
+use crate::event::{Axis, Change, EventType};
 use crate::ids::{NodeId, PoolId, SiteId, TenantId};
 use crate::provision::{self, ProvisionMove};
 use crate::reason::{NoScheduleReason, ReasonKey};
-use crate::schedule::{Explanation, SchedulingFacts};
 
 /// Why and by whom a node was cordoned.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -74,7 +74,7 @@ pub struct Session {
 }
 
 /// Everything the control plane knows about a node. Modules and node adapters get this;
-/// the API gets [`NodeDetail`].
+/// the API gets [`crate::view::NodeDetail`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NodeRecord {
     pub id: NodeId,
@@ -213,7 +213,7 @@ impl NodeRecord {
         let to = provision::next_state(from, action, self.failed_from)?;
         let mut changes = vec![
             Change::new(
-                "node.provision_state_changed",
+                EventType::NodeProvisionStateChanged,
                 Axis::ProvisionState,
                 Some(from.as_static_str()),
                 Some(to.as_static_str()),
@@ -246,9 +246,9 @@ impl NodeRecord {
         (was != on).then(|| {
             let change = Change::new(
                 if on {
-                    "node.maintenance_on"
+                    EventType::NodeMaintenanceOn
                 } else {
-                    "node.maintenance_off"
+                    EventType::NodeMaintenanceOff
                 },
                 Axis::Maintenance,
                 Some(was.to_string()),
@@ -278,8 +278,13 @@ impl NodeRecord {
             at: now,
         });
         Ok(vec![
-            Change::new("node.cordoned", Axis::Cordoned, Some("false"), Some("true"))
-                .with_detail(reason),
+            Change::new(
+                EventType::NodeCordoned,
+                Axis::Cordoned,
+                Some("false"),
+                Some("true"),
+            )
+            .with_detail(reason),
         ])
     }
 
@@ -291,7 +296,7 @@ impl NodeRecord {
         }
         if self.cordon.take().is_some() {
             changes.push(Change::new(
-                "node.uncordoned",
+                EventType::NodeUncordoned,
                 Axis::Cordoned,
                 Some("true"),
                 Some("false"),
@@ -331,7 +336,7 @@ impl NodeRecord {
         if restarted {
             changes.push(
                 Change::new(
-                    "node.drain_started",
+                    EventType::NodeDrainStarted,
                     Axis::Cordoned,
                     None::<String>,
                     None::<String>,
@@ -354,7 +359,7 @@ impl NodeRecord {
             .collect();
         changes.push(
             Change::new(
-                "node.drain_finished",
+                EventType::NodeDrainFinished,
                 Axis::Cordoned,
                 None::<String>,
                 None::<String>,
@@ -404,7 +409,7 @@ impl NodeRecord {
             return Ok(Vec::new());
         }
         let mut changes = vec![Change::new(
-            "node.tainted",
+            EventType::NodeTainted,
             Axis::Taints,
             previous.as_ref().map(render_taint),
             Some(rendered),
@@ -429,7 +434,7 @@ impl NodeRecord {
             })?;
         let removed = self.taints.remove(index);
         let mut changes = vec![Change::new(
-            "node.untainted",
+            EventType::NodeUntainted,
             Axis::Taints,
             Some(render_taint(&removed)),
             None::<String>,
@@ -458,7 +463,7 @@ impl NodeRecord {
             let previous = self.labels.insert(key.clone(), value.clone());
             if previous.as_ref() != Some(value) {
                 changes.push(Change::new(
-                    "node.label_set",
+                    EventType::NodeLabelSet,
                     Axis::Labels,
                     previous.map(|v| format!("{key}={v}")),
                     Some(format!("{key}={value}")),
@@ -468,7 +473,7 @@ impl NodeRecord {
         for key in remove {
             if let Some(previous) = self.labels.remove(key) {
                 changes.push(Change::new(
-                    "node.label_removed",
+                    EventType::NodeLabelRemoved,
                     Axis::Labels,
                     Some(format!("{key}={previous}")),
                     None::<String>,
@@ -522,7 +527,7 @@ impl NodeRecord {
         if transitioned {
             changes.push(
                 Change::new(
-                    "node.condition_changed",
+                    EventType::NodeConditionChanged,
                     Axis::Conditions,
                     previous.as_ref().map(|c| format!("{kind}={}", c.status)),
                     Some(format!("{kind}={status}")),
@@ -556,7 +561,7 @@ impl NodeRecord {
         self.connectivity = to;
         self.connectivity_since = now;
         let mut changes = vec![Change::new(
-            "node.connectivity_changed",
+            EventType::NodeConnectivityChanged,
             Axis::Connectivity,
             Some(from.as_static_str()),
             Some(to.as_static_str()),
@@ -591,7 +596,7 @@ impl NodeRecord {
         let count = i32::try_from(facts.devices.len()).unwrap_or(i32::MAX);
         if count != self.gpu_count {
             changes.push(Change::new(
-                "node.gpu_count_changed",
+                EventType::NodeGpuCountChanged,
                 Axis::Inventory,
                 Some(self.gpu_count.to_string()),
                 Some(count.to_string()),
@@ -627,7 +632,7 @@ impl NodeRecord {
             })
         };
         let change = Change::new(
-            "node.hardware_key_changed",
+            EventType::NodeHardwareKeyChanged,
             Axis::Inventory,
             describe(&self.hardware_key, self.hardware_key_trusted),
             describe(&key, trusted),
@@ -643,7 +648,7 @@ impl NodeRecord {
         self.generation += 1;
         vec![
             Change::new(
-                "node.spec_generation",
+                EventType::NodeSpecGeneration,
                 Axis::Generation,
                 Some(from.to_string()),
                 Some(self.generation.to_string()),
@@ -675,7 +680,7 @@ impl NodeRecord {
         let from = self.observed_generation;
         self.observed_generation = observed;
         Ok(vec![Change::new(
-            "node.observed_generation",
+            EventType::NodeObservedGeneration,
             Axis::ObservedGeneration,
             Some(from.to_string()),
             Some(observed.to_string()),
@@ -695,7 +700,7 @@ impl NodeRecord {
         self.identity_generation += 1;
         vec![
             Change::new(
-                "node.identity_revoked",
+                EventType::NodeIdentityRevoked,
                 Axis::IdentityGeneration,
                 Some(from.to_string()),
                 Some(self.identity_generation.to_string()),
@@ -717,7 +722,7 @@ impl NodeRecord {
         let mut changes = self.bump_identity_generation("node deleted");
         self.deleted_at = Some(now);
         changes.push(Change::new(
-            "node.deleted",
+            EventType::NodeDeleted,
             Axis::Lifecycle,
             Some("present"),
             Some("deleted"),
@@ -746,7 +751,7 @@ impl NodeRecord {
         });
         self.no_schedule_reasons.sort_by(|a, b| a.key.cmp(&b.key));
         Some(Change::new(
-            "node.no_schedule_reason_added",
+            EventType::NodeNoScheduleReasonAdded,
             Axis::NoScheduleReasons,
             None::<String>,
             Some(rendered),
@@ -760,7 +765,7 @@ impl NodeRecord {
             .position(|r| &r.key == key)?;
         self.no_schedule_reasons.remove(index);
         Some(Change::new(
-            "node.no_schedule_reason_removed",
+            EventType::NodeNoScheduleReasonRemoved,
             Axis::NoScheduleReasons,
             Some(key.to_string()),
             None::<String>,
@@ -858,122 +863,6 @@ pub fn validate_label_value(value: &str) -> Result<(), DomainError> {
     }
 }
 
-/// The API view of a node, exactly as the seed defines `NodeDetail`: the axes except `power`;
-/// the identity fields except `adapter`, `drivers` and the hardware key itself; plus labels,
-/// conditions and the current session.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct NodeDetail {
-    pub id: NodeId,
-    pub hostname: String,
-    pub site_id: SiteId,
-    pub pool_id: Option<PoolId>,
-    pub owner_tenant_id: Option<TenantId>,
-    pub role: Role,
-    pub trust: Trust,
-    pub hardware_key_trusted: bool,
-    pub generation: i64,
-    pub observed_generation: i64,
-    pub identity_generation: i64,
-    pub version: i64,
-    pub provision_state: ProvisionState,
-    pub failed_from: Option<ProvisionState>,
-    pub maintenance: bool,
-    pub maintenance_reason: Option<String>,
-    pub cordon: Option<Cordon>,
-    pub drain: Option<Drain>,
-    pub connectivity: Connectivity,
-    pub connectivity_since: DateTime<Utc>,
-    pub no_schedule_reasons: Vec<NoScheduleReason>,
-    pub labels: BTreeMap<String, String>,
-    pub taints: Vec<Taint>,
-    pub conditions: Vec<Condition>,
-    pub gpu_count: i32,
-    pub session: Option<Session>,
-    /// Why the node is or is not schedulable, computed when the view is built.
-    pub schedulability: Explanation,
-    pub created_at: DateTime<Utc>,
-    pub updated_at: DateTime<Utc>,
-    pub deleted_at: Option<DateTime<Utc>>,
-}
-
-impl NodeDetail {
-    /// The API view of `record`. `pool_owner_tenant_id` is the owner of the node's pool,
-    /// which the trust check of schedulability needs.
-    pub fn new(
-        record: NodeRecord,
-        session: Option<Session>,
-        pool_owner_tenant_id: Option<&TenantId>,
-    ) -> NodeDetail {
-        let schedulability = SchedulingFacts::of(&record, pool_owner_tenant_id).explain();
-        let NodeRecord {
-            id,
-            hostname,
-            site_id,
-            pool_id,
-            owner_tenant_id,
-            role,
-            trust,
-            adapter: _,
-            drivers: _,
-            hardware_key: _,
-            hardware_key_trusted,
-            generation,
-            observed_generation,
-            identity_generation,
-            version,
-            provision_state,
-            failed_from,
-            maintenance,
-            maintenance_reason,
-            cordon,
-            drain,
-            power: _,
-            connectivity,
-            connectivity_since,
-            no_schedule_reasons,
-            labels,
-            taints,
-            conditions,
-            gpu_count,
-            created_at,
-            updated_at,
-            deleted_at,
-        } = record;
-        NodeDetail {
-            id,
-            hostname,
-            site_id,
-            pool_id,
-            owner_tenant_id,
-            role,
-            trust,
-            hardware_key_trusted,
-            generation,
-            observed_generation,
-            identity_generation,
-            version,
-            provision_state,
-            failed_from,
-            maintenance,
-            maintenance_reason,
-            cordon,
-            drain,
-            connectivity,
-            connectivity_since,
-            no_schedule_reasons,
-            labels,
-            taints,
-            conditions,
-            gpu_count,
-            session,
-            schedulability,
-            created_at,
-            updated_at,
-            deleted_at,
-        }
-    }
-}
-
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -1052,9 +941,9 @@ pub(crate) mod tests {
         assert_eq!(
             changes.iter().map(|c| c.event_type).collect::<Vec<_>>(),
             vec![
-                "node.cordoned",
-                "node.no_schedule_reason_added",
-                "node.drain_started"
+                EventType::NodeCordoned,
+                EventType::NodeNoScheduleReasonAdded,
+                EventType::NodeDrainStarted
             ]
         );
         // Draining again with the same deadline changes nothing.
@@ -1228,19 +1117,5 @@ pub(crate) mod tests {
         assert_eq!(n.identity_generation, 2);
         assert!(n.deleted_at.is_some());
         assert!(matches!(n.delete(t0()), Err(DomainError::NotFound { .. })));
-    }
-
-    #[test]
-    fn detail_hides_power_adapter_drivers_and_key() {
-        let mut record = node(ProvisionState::Adopted);
-        record.hardware_key = Some("abc".into());
-        let json = serde_json::to_value(NodeDetail::new(record, None, None)).expect("serialises");
-        for hidden in ["power", "adapter", "drivers", "hardware_key"] {
-            assert!(
-                json.get(hidden).is_none(),
-                "{hidden} must not be in NodeDetail"
-            );
-        }
-        assert!(json.get("hardware_key_trusted").is_some());
     }
 }

@@ -4,60 +4,43 @@
 //! from and where it leads, so "what can I do from here?" is one lookup, and an illegal move's
 //! error can list the moves that are allowed.
 
-use serde::{Deserialize, Serialize};
-use strum::{AsRefStr, Display, EnumIter, EnumString, IntoStaticStr};
-
 use crate::axes::ProvisionState::{self, *};
+use crate::axes::axis_enum;
 use crate::error::DomainError;
 
-/// A named move of the provision state machine.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    Serialize,
-    Deserialize,
-    Display,
-    EnumString,
-    EnumIter,
-    AsRefStr,
-    IntoStaticStr,
-)]
-#[strum(serialize_all = "kebab-case")]
-#[serde(rename_all = "kebab-case")]
-pub enum ProvisionMove {
-    /// `adopting` → `adopted`: acceptance passed, or an operator's `nodes.adopt`.
-    Adopt,
-    /// `enrolling` → `inspecting`: the BMC answered; inspect the hardware.
-    Inspect,
-    /// `inspecting` → `commissioning`: inventory taken; burn in and configure.
-    Commission,
-    /// `commissioning` → `ready`: commissioning passed; the machine waits for a deployment.
-    Provide,
-    /// `ready` → `deploying`.
-    Deploy,
-    /// `deploying` → `deployed`: the image booted and the daemon reported in.
-    FinishDeploy,
-    /// `deployed` → `releasing`: tear the deployment down and wipe.
-    Release,
-    /// `releasing` → `ready`: the machine is clean again.
-    FinishRelease,
-    /// `deployed` → `rescue`: boot a rescue image.
-    Rescue,
-    /// `rescue` → `deployed`.
-    Unrescue,
-    /// `adopted`, `ready` or `failed` → `retiring`.
-    Retire,
-    /// `retiring` → `retired`.
-    FinishRetire,
-    /// Any workflow state → `failed`; records `failedFrom` and turns maintenance on.
-    Fail,
-    /// `failed` → the state it failed from (`failedFrom`); turns maintenance off.
-    Recover,
-}
+axis_enum!(
+    /// A named move of the provision state machine.
+    ProvisionMove {
+        /// `adopting` → `adopted`: acceptance passed, or an operator's `nodes.adopt`.
+        Adopt = "adopt",
+        /// `enrolling` → `inspecting`: the BMC answered; inspect the hardware.
+        Inspect = "inspect",
+        /// `inspecting` → `commissioning`: inventory taken; burn in and configure.
+        Commission = "commission",
+        /// `commissioning` → `ready`: commissioning passed; the machine waits for a deployment.
+        Provide = "provide",
+        /// `ready` → `deploying`.
+        Deploy = "deploy",
+        /// `deploying` → `deployed`: the image booted and the daemon reported in.
+        FinishDeploy = "finish-deploy",
+        /// `deployed` → `releasing`: tear the deployment down and wipe.
+        Release = "release",
+        /// `releasing` → `ready`: the machine is clean again.
+        FinishRelease = "finish-release",
+        /// `deployed` → `rescue`: boot a rescue image.
+        Rescue = "rescue",
+        /// `rescue` → `deployed`.
+        Unrescue = "unrescue",
+        /// `adopted`, `ready` or `failed` → `retiring`.
+        Retire = "retire",
+        /// `retiring` → `retired`.
+        FinishRetire = "finish-retire",
+        /// Any workflow state → `failed`; records `failedFrom` and turns maintenance on.
+        Fail = "fail",
+        /// `failed` → the state it failed from (`failedFrom`); turns maintenance off.
+        Recover = "recover",
+    }
+);
 
 /// Where a move leads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

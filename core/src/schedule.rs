@@ -5,79 +5,44 @@
 //! nodes keeps the two in agreement on both databases.
 
 use serde::{Deserialize, Serialize};
-use strum::{AsRefStr, Display, EnumIter, EnumString, IntoStaticStr};
 
-use crate::axes::{Connectivity, ProvisionState, Role, Trust};
+use crate::axes::{Connectivity, ProvisionState, Role, Trust, axis_enum};
 use crate::ids::TenantId;
 use crate::node::NodeRecord;
 use crate::reason::NoScheduleReason;
 
-/// The bucket of a pool's capacity a node's GPUs are reported in.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    PartialOrd,
-    Ord,
-    Serialize,
-    Deserialize,
-    Display,
-    EnumString,
-    EnumIter,
-    AsRefStr,
-    IntoStaticStr,
-)]
-#[strum(serialize_all = "kebab-case")]
-#[serde(rename_all = "kebab-case")]
-pub enum CapacityBucket {
-    /// Every check passes: placement may book the node's atoms.
-    Schedulable,
-    Excluded,
-    Maintenance,
-    Provisioning,
-    Unreachable,
-    Unhealthy,
-}
+axis_enum!(
+    /// The bucket of a pool's capacity a node's GPUs are reported in.
+    CapacityBucket {
+        /// Every check passes: placement may book the node's atoms.
+        Schedulable = "schedulable",
+        Excluded = "excluded",
+        Maintenance = "maintenance",
+        Provisioning = "provisioning",
+        Unreachable = "unreachable",
+        Unhealthy = "unhealthy",
+    }
+);
 
-/// One of the seven checks, in the order the capacity module runs them.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    PartialOrd,
-    Ord,
-    Serialize,
-    Deserialize,
-    Display,
-    EnumString,
-    EnumIter,
-    AsRefStr,
-    IntoStaticStr,
-)]
-#[strum(serialize_all = "kebab-case")]
-#[serde(rename_all = "kebab-case")]
-pub enum Check {
-    /// 1. `role` is `host`.
-    RoleIsHost,
-    /// 2. `trust` is `platform`, or `tenant-owned` in its owner's pool.
-    TrustAllowsPool,
-    /// 3. Not in `maintenance` and not `cordoned`.
-    InService,
-    /// 4. `provisionState` is `adopted` or `deployed`.
-    Provisioned,
-    /// 5. `observedGeneration` is at least 1.
-    ConvergedFirstSpec,
-    /// 6. `connectivity` is `connected`.
-    Connected,
-    /// 7. `noScheduleReasons` is empty.
-    NoReasons,
-}
+axis_enum!(
+    /// One of the seven checks, in the order the capacity module runs them.
+    Check {
+        /// 1. `role` is `host`.
+        RoleIsHost = "role-is-host",
+        /// 2. `trust` is `platform`, or `tenant-owned` in its owner's pool.
+        TrustAllowsPool = "trust-allows-pool",
+        /// 3. Not in `maintenance` and not `cordoned`.
+        InService = "in-service",
+        /// 4. `provisionState` is `adopted` or `deployed`.
+        Provisioned = "provisioned",
+        /// 5. `observedGeneration` is at least 1.
+        ConvergedFirstSpec = "converged-first-spec",
+        /// 6. `connectivity` is `connected`.
+        Connected = "connected",
+        /// 7. `noScheduleReasons` is empty.
+        NoReasons = "no-reasons",
+    }
+);
 
 /// The provision states in which a node may take work.
 pub const SCHEDULABLE_PROVISION_STATES: &[ProvisionState] =

@@ -9,8 +9,9 @@
 //! [`FEED_BUFFER`] events behind is ended with `RESUME_REQUIRED` and its cursor, and resumes
 //! from the table.
 
+use bc_core::event::RecordedEvent;
 use bc_core::ids::NodeId;
-use bc_core::node::NodeDetail;
+use bc_core::view::NodeDetail;
 use futures::Stream;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,7 +19,7 @@ use std::time::Duration;
 use tokio::sync::{broadcast, watch};
 
 use crate::error::ApiError;
-use crate::service::{Services, StoredEvent};
+use crate::service::Services;
 
 /// Events the broadcast holds for slow subscribers before they must resume from the table.
 pub const FEED_BUFFER: usize = 4096;
@@ -31,7 +32,7 @@ const POLL_FALLBACK: Duration = Duration::from_secs(1);
 /// One event with its node as it is now (absent for events not about a node).
 #[derive(Debug, Clone)]
 pub struct FeedEvent {
-    pub event: StoredEvent,
+    pub event: RecordedEvent,
     pub node: Option<Arc<NodeDetail>>,
 }
 
@@ -125,19 +126,18 @@ impl Feed {
 }
 
 /// Attaches each event's node (current state, deleted ones included), loaded in one batch.
-async fn enrich(services: &Services, batch: Vec<StoredEvent>) -> Result<Vec<FeedEvent>, ApiError> {
-    let mut ids: Vec<NodeId> = batch
-        .iter()
-        .filter_map(|e| e.node_id.as_deref())
-        .filter_map(|id| NodeId::parse(id).ok())
-        .collect();
+async fn enrich(
+    services: &Services,
+    batch: Vec<RecordedEvent>,
+) -> Result<Vec<FeedEvent>, ApiError> {
+    let mut ids: Vec<NodeId> = batch.iter().filter_map(|e| e.node_id.clone()).collect();
     ids.sort();
     ids.dedup();
-    let nodes: HashMap<String, Arc<NodeDetail>> = services
+    let nodes: HashMap<NodeId, Arc<NodeDetail>> = services
         .node_details_by_ids(&ids)
         .await?
         .into_iter()
-        .map(|n| (n.id.to_string(), Arc::new(n)))
+        .map(|n| (n.record.id.clone(), Arc::new(n)))
         .collect();
     Ok(batch
         .into_iter()

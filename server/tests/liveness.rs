@@ -3,6 +3,7 @@
 
 use bc_core::Actor;
 use bc_core::axes::{Adapter, Connectivity, ProvisionState, Role, Trust};
+use bc_core::event::{EventType, RecordedEvent};
 use bc_core::ids::{NodeId, PoolId, SiteId};
 use bc_core::node::{NewNode, NodeRecord};
 use bc_core::reason::ReasonKey;
@@ -13,7 +14,6 @@ use better_compute::controllers::liveness::{
     CAUSE_HEARD_AGAIN, CAUSE_LOST, CAUSE_TIMEOUT, EVENT_PAUSED, EVENT_RESUMED,
 };
 use better_compute::controllers::{DrainController, LivenessController, LivenessReport};
-use better_compute::service::StoredEvent;
 use chrono::{DateTime, Duration, Utc};
 use sea_orm::ActiveValue::Set;
 use sea_orm::sea_query::Expr;
@@ -136,7 +136,7 @@ async fn connectivity(s: &TestServer, ids: &[NodeId]) -> Vec<Connectivity> {
 }
 
 /// A node's events, oldest first.
-async fn node_events(s: &TestServer, id: &NodeId) -> Vec<StoredEvent> {
+async fn node_events(s: &TestServer, id: &NodeId) -> Vec<RecordedEvent> {
     let mut list = s
         .server
         .services
@@ -148,9 +148,9 @@ async fn node_events(s: &TestServer, id: &NodeId) -> Vec<StoredEvent> {
 }
 
 /// Site-level events of one type, oldest first.
-async fn site_events(s: &TestServer, event_type: &str) -> Vec<event::Model> {
+async fn site_events(s: &TestServer, event_type: EventType) -> Vec<event::Model> {
     event::Entity::find()
-        .filter(event::Column::EventType.eq(event_type))
+        .filter(event::Column::EventType.eq(event_type.as_static_str()))
         .filter(event::Column::NodeId.is_null())
         .order_by_asc(event::Column::Seq)
         .all(&s.database().await)
@@ -191,9 +191,9 @@ async fn a_silent_node_goes_unreachable_then_lost_and_comes_back() {
         let history = node_events(s, id).await;
         let change = history
             .iter()
-            .find(|e| e.event_type == "node.connectivity_changed")
+            .find(|e| e.event_type == EventType::NodeConnectivityChanged)
             .expect("a connectivity event");
-        assert_eq!(change.actor, "controller:liveness");
+        assert_eq!(change.actor.to_string(), "controller:liveness");
         assert_eq!(change.cause.as_deref(), Some(CAUSE_TIMEOUT));
         assert_eq!(
             (change.from.as_deref(), change.to.as_deref()),
@@ -202,9 +202,9 @@ async fn a_silent_node_goes_unreachable_then_lost_and_comes_back() {
         assert!(
             history
                 .iter()
-                .any(|e| e.event_type == "node.no_schedule_reason_added"
+                .any(|e| e.event_type == EventType::NodeNoScheduleReasonAdded
                     && e.to.as_deref() == Some("unreachable")
-                    && e.actor == "controller:liveness")
+                    && e.actor.to_string() == "controller:liveness")
         );
 
         // Unreachable, but not yet for ten minutes.
@@ -252,7 +252,7 @@ async fn a_silent_node_goes_unreachable_then_lost_and_comes_back() {
             .collect();
         assert_eq!(
             back.iter()
-                .map(|e| e.event_type.as_str())
+                .map(|e| e.event_type.as_static_str())
                 .collect::<Vec<_>>(),
             [
                 "node.connectivity_changed",
@@ -348,7 +348,7 @@ async fn closed_and_missing_sessions() {
         let change = node_events(s, &closed.id)
             .await
             .into_iter()
-            .find(|e| e.event_type == "node.connectivity_changed")
+            .find(|e| e.event_type == EventType::NodeConnectivityChanged)
             .expect("an event");
         assert_eq!(
             (change.from.as_deref(), change.to.as_deref()),
@@ -627,10 +627,10 @@ async fn a_passed_drain_deadline_ends_the_drain() {
         let finished = node_events(s, &node.id)
             .await
             .into_iter()
-            .filter(|e| e.actor == "controller:drain")
+            .filter(|e| e.actor.to_string() == "controller:drain")
             .map(|e| {
                 (
-                    e.event_type,
+                    e.event_type.to_string(),
                     e.cause,
                     e.data["detail"].as_str().map(str::to_owned),
                 )

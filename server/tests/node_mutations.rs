@@ -1499,7 +1499,7 @@ async fn a_deleted_node_is_gone_from_the_api_but_its_history_stays() {
             .iter()
             .map(|e| {
                 (
-                    e.event_type.as_str(),
+                    e.event_type.as_static_str(),
                     e.from.as_deref(),
                     e.to.as_deref(),
                     e.cause.as_deref().unwrap_or_default(),
@@ -1515,7 +1515,7 @@ async fn a_deleted_node_is_gone_from_the_api_but_its_history_stays() {
             ]
         );
         assert!(history[1].id < history[0].id, "identity revoked before the delete");
-        assert!(history.iter().all(|e| e.actor == ACTOR));
+        assert!(history.iter().all(|e| e.actor.to_string() == ACTOR));
 
         // The row stays (soft delete) with the bumped identity generation.
         let stored = services

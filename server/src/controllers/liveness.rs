@@ -67,6 +67,7 @@
 
 use bc_core::Actor;
 use bc_core::axes::Connectivity;
+use bc_core::event::EventType;
 use bc_core::ids::SiteId;
 use chrono::{DateTime, Utc};
 use std::collections::{BTreeMap, BTreeSet};
@@ -85,9 +86,9 @@ pub const CAUSE_LOST: &str = "liveness:lost";
 /// Cause of `unreachable`/`lost` → `connected`.
 pub const CAUSE_HEARD_AGAIN: &str = "liveness:heartbeat-resumed";
 /// Event recorded when a site's brake trips.
-pub const EVENT_PAUSED: &str = "site.liveness_paused";
+pub const EVENT_PAUSED: EventType = EventType::SiteLivenessPaused;
 /// Event recorded when a paused site's brake releases.
-pub const EVENT_RESUMED: &str = "site.liveness_resumed";
+pub const EVENT_RESUMED: EventType = EventType::SiteLivenessResumed;
 
 /// What one tick did.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -306,7 +307,7 @@ impl LivenessController {
     async fn record(
         &self,
         site: &SiteId,
-        event_type: &str,
+        event_type: EventType,
         brake: Brake,
         now: DateTime<Utc>,
     ) -> anyhow::Result<()> {

@@ -8,6 +8,7 @@ mod http;
 mod session;
 mod tls;
 
+use bc_core::event::EventType;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -116,16 +117,15 @@ async fn route_command_events(
             match item {
                 Some(Ok(event)) => {
                     let e = &event.event;
-                    let wakes_session = (e.axis.as_deref() == Some("command")
-                        && matches!(e.to.as_deref(), Some("queued" | "cancelled" | "timed_out")))
-                        || e.axis.as_deref() == Some("generation");
-                    if wakes_session
-                        && let Some(node) = e
-                            .node_id
-                            .as_deref()
-                            .and_then(|n| bc_core::ids::NodeId::parse(n).ok())
-                    {
-                        services.sessions.poke(&node);
+                    let wakes_session = matches!(
+                        e.event_type,
+                        EventType::CommandQueued
+                            | EventType::CommandCancelled
+                            | EventType::CommandTimedOut
+                            | EventType::NodeSpecGeneration
+                    );
+                    if wakes_session && let Some(node) = &e.node_id {
+                        services.sessions.poke(node);
                     }
                 }
                 // Fell behind (a burst of events): every session looks at its commands again,

@@ -80,7 +80,7 @@ impl QueryRoot {
         connection.edges.extend(
             page.nodes
                 .into_iter()
-                .map(|n| Edge::new(n.id.to_string(), NodeDetail(n))),
+                .map(|n| Edge::new(n.record.id.to_string(), NodeDetail(n))),
         );
         Ok(connection)
     }

@@ -4,6 +4,7 @@
 //! Every stream ends when the caller's token expires.
 
 use async_graphql::{Context, Enum, ID, SimpleObject, Subscription};
+use bc_core::event::Axis;
 use bc_core::ids::EventId;
 use chrono::{DateTime, Utc};
 use futures::{Stream, StreamExt};
@@ -65,23 +66,21 @@ fn axis_change(feed_event: &FeedEvent) -> AxisChange {
     let e = &feed_event.event;
     AxisChange {
         event_id: ID(e.id.to_string()),
-        event_type: e.event_type.clone(),
-        axis: e.axis.clone(),
+        event_type: e.event_type.to_string(),
+        axis: e.axis.map(|a| a.to_string()),
         from: e.from.clone(),
         to: e.to.clone(),
-        actor: e.actor.clone(),
+        actor: e.actor.to_string(),
         cause: e.cause.clone(),
-        version: e.data.get("version").and_then(serde_json::Value::as_i64),
+        version: e.node_version(),
         at: e.at,
     }
 }
 
-/// Whether `principal` may see this event: tenants only their own.
+/// Whether `principal` may see this event: the one tenancy rule, [`Principal::can_see`],
+/// applied to the event's tenant.
 fn visible(principal: &Principal, event: &FeedEvent) -> bool {
-    match &principal.tenant {
-        None => true,
-        Some(tenant) => event.event.tenant_id.as_deref() == Some(tenant.as_str()),
-    }
+    principal.can_see(event.event.tenant_id.as_ref())
 }
 
 /// Ends `stream` with `UNAUTHENTICATED` when the token expires.
@@ -122,7 +121,7 @@ async fn node_change_stream(
     ctx: &Context<'_>,
     filter: Option<NodeFilterInput>,
     after: Option<ID>,
-    only_axis: Option<&'static str>,
+    only_axis: Option<Axis>,
 ) -> async_graphql::Result<impl Stream<Item = async_graphql::Result<NodeChange>> + Send + 'static> {
     let services = services(ctx)?.clone();
     let principal = principal(ctx)?.clone();
@@ -149,7 +148,7 @@ async fn node_change_stream(
                         Ok(page) => page,
                         Err(err) => { yield Err(err.into()); return; }
                     };
-                    page_after = page.nodes.last().map(|n| n.id.to_string());
+                    page_after = page.nodes.last().map(|n| n.record.id.to_string());
                     for node in page.nodes {
                         yield Ok(NodeChange {
                             kind: NodeChangeKind::Snapshot,
@@ -175,7 +174,7 @@ async fn node_change_stream(
                     if !visible(&principal, &event) || !filter.matches(node) {
                         continue;
                     }
-                    if only_axis.is_some_and(|axis| event.event.axis.as_deref() != Some(axis)) {
+                    if only_axis.is_some_and(|axis| event.event.axis != Some(axis)) {
                         continue;
                     }
                     yield Ok(NodeChange {
@@ -232,9 +231,9 @@ impl SubscriptionRoot {
                     Err(err) => { yield Err(err.into()); return; }
                 };
                 let e = &event.event;
-                let wanted = e.axis.as_deref() == Some("command")
+                let wanted = e.axis == Some(Axis::Command)
                     && visible(&principal, &event)
-                    && node_id.as_ref().is_none_or(|n| e.node_id.as_ref() == Some(n))
+                    && node_id.as_ref().is_none_or(|n| e.node_id.as_ref().is_some_and(|id| id.as_str() == n.as_str()))
                     && command_id.as_ref().is_none_or(|c| e.cause.as_ref() == Some(c));
                 if !wanted {
                     continue;
@@ -281,10 +280,17 @@ impl SubscriptionRoot {
                 Err(err) => Some(Err(err.into())),
                 Ok(event) => {
                     let wanted = visible(&principal, &event)
-                        && (types.is_empty() || types.contains(&event.event.event_type))
-                        && node_id
-                            .as_ref()
-                            .is_none_or(|n| event.event.node_id.as_ref() == Some(n));
+                        && (types.is_empty()
+                            || types
+                                .iter()
+                                .any(|t| t == event.event.event_type.as_static_str()))
+                        && node_id.as_ref().is_none_or(|n| {
+                            event
+                                .event
+                                .node_id
+                                .as_ref()
+                                .is_some_and(|id| id.as_str() == n.as_str())
+                        });
                     wanted.then(|| Ok(Event(event.event.clone())))
                 }
             };
@@ -312,6 +318,6 @@ impl SubscriptionRoot {
         filter: Option<NodeFilterInput>,
         after: Option<ID>,
     ) -> async_graphql::Result<impl Stream<Item = async_graphql::Result<NodeChange>>> {
-        node_change_stream(ctx, filter, after, Some("connectivity")).await
+        node_change_stream(ctx, filter, after, Some(Axis::Connectivity)).await
     }
 }

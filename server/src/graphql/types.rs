@@ -3,13 +3,13 @@
 //! stays free of GraphQL.
 
 use async_graphql::{ComplexObject, Context, Enum, ID, Json, Object, SimpleObject};
-use bc_core::node::NodeDetail as DomainNodeDetail;
+use bc_core::event::RecordedEvent;
 use bc_core::reason::NoScheduleReason as DomainReason;
+use bc_core::view::NodeDetail as DomainNodeDetail;
 use chrono::{DateTime, Utc};
 
 use super::principal;
 use crate::service::Services;
-use crate::service::StoredEvent;
 
 /// Where a node is in its life. Moves only along `provisionStateTable`.
 #[derive(Enum, Copy, Clone, Eq, PartialEq, Debug)]
@@ -153,65 +153,69 @@ pub struct NodeDetail(pub DomainNodeDetail);
 #[Object]
 impl NodeDetail {
     async fn id(&self) -> ID {
-        ID(self.0.id.to_string())
+        ID(self.0.record.id.to_string())
     }
     async fn hostname(&self) -> &str {
-        &self.0.hostname
+        &self.0.record.hostname
     }
     async fn site_id(&self) -> ID {
-        ID(self.0.site_id.to_string())
+        ID(self.0.record.site_id.to_string())
     }
     async fn pool_id(&self) -> Option<ID> {
-        self.0.pool_id.as_ref().map(|p| ID(p.to_string()))
+        self.0.record.pool_id.as_ref().map(|p| ID(p.to_string()))
     }
     async fn owner_tenant_id(&self) -> Option<ID> {
-        self.0.owner_tenant_id.as_ref().map(|t| ID(t.to_string()))
+        self.0
+            .record
+            .owner_tenant_id
+            .as_ref()
+            .map(|t| ID(t.to_string()))
     }
     async fn role(&self) -> NodeRole {
-        self.0.role.into()
+        self.0.record.role.into()
     }
     async fn trust(&self) -> Trust {
-        self.0.trust.into()
+        self.0.record.trust.into()
     }
     /// Whether the node's hardware key is trusted (at least two independent identifiers).
     async fn hardware_key_trusted(&self) -> bool {
-        self.0.hardware_key_trusted
+        self.0.record.hardware_key_trusted
     }
     /// The desired-state generation.
     async fn generation(&self) -> i64 {
-        self.0.generation
+        self.0.record.generation
     }
     /// The generation the node last reported converged.
     async fn observed_generation(&self) -> i64 {
-        self.0.observed_generation
+        self.0.record.observed_generation
     }
     /// Bumped whenever the node's identity is replaced; older certificates never work again.
     async fn identity_generation(&self) -> i64 {
-        self.0.identity_generation
+        self.0.record.identity_generation
     }
     /// Pass this to a mutation; a node that changed since is `CONFLICT`.
     async fn version(&self) -> i64 {
-        self.0.version
+        self.0.record.version
     }
     async fn provision_state(&self) -> ProvisionState {
-        self.0.provision_state.into()
+        self.0.record.provision_state.into()
     }
     /// The state a failed workflow failed from; `recover` returns there.
     async fn failed_from(&self) -> Option<ProvisionState> {
-        self.0.failed_from.map(Into::into)
+        self.0.record.failed_from.map(Into::into)
     }
     async fn maintenance(&self) -> bool {
-        self.0.maintenance
+        self.0.record.maintenance
     }
     async fn maintenance_reason(&self) -> Option<&str> {
-        self.0.maintenance_reason.as_deref()
+        self.0.record.maintenance_reason.as_deref()
     }
     async fn cordoned(&self) -> bool {
-        self.0.cordon.is_some()
+        self.0.record.cordon.is_some()
     }
     /// Who cordoned the node, why and when.
     async fn cordon(&self) -> Option<CordonInfo> {
-        self.0.cordon.as_ref().map(|c| CordonInfo {
+        self.0.record.cordon.as_ref().map(|c| CordonInfo {
             reason: c.reason.clone(),
             by: c.by.to_string(),
             at: c.at,
@@ -219,20 +223,21 @@ impl NodeDetail {
     }
     /// A drain under way.
     async fn drain(&self) -> Option<DrainInfo> {
-        self.0.drain.as_ref().map(|d| DrainInfo {
+        self.0.record.drain.as_ref().map(|d| DrainInfo {
             started_at: d.started_at,
             deadline: d.deadline,
         })
     }
     async fn connectivity(&self) -> Connectivity {
-        self.0.connectivity.into()
+        self.0.record.connectivity.into()
     }
     async fn connectivity_since(&self) -> DateTime<Utc> {
-        self.0.connectivity_since
+        self.0.record.connectivity_since
     }
     /// Every reason the node must not receive new work.
     async fn no_schedule_reasons(&self) -> Vec<String> {
         self.0
+            .record
             .no_schedule_reasons
             .iter()
             .map(|r| r.key.to_string())
@@ -241,6 +246,7 @@ impl NodeDetail {
     /// The same reasons with who set them, since when, and what clears them.
     async fn no_schedule_reason_details(&self) -> Vec<NoScheduleReason> {
         self.0
+            .record
             .no_schedule_reasons
             .iter()
             .map(NoScheduleReason::from)
@@ -248,6 +254,7 @@ impl NodeDetail {
     }
     async fn labels(&self) -> Vec<Label> {
         self.0
+            .record
             .labels
             .iter()
             .map(|(k, v)| Label {
@@ -258,6 +265,7 @@ impl NodeDetail {
     }
     async fn taints(&self) -> Vec<Taint> {
         self.0
+            .record
             .taints
             .iter()
             .map(|t| Taint {
@@ -271,6 +279,7 @@ impl NodeDetail {
     }
     async fn conditions(&self) -> Vec<Condition> {
         self.0
+            .record
             .conditions
             .iter()
             .map(|c| Condition {
@@ -287,7 +296,7 @@ impl NodeDetail {
     }
     /// GPUs the last inventory reported.
     async fn gpu_count(&self) -> i32 {
-        self.0.gpu_count
+        self.0.record.gpu_count
     }
     /// The current (or last) gateway session.
     async fn session(&self) -> Option<Session> {
@@ -317,6 +326,7 @@ impl NodeDetail {
                 .collect(),
             reasons: self
                 .0
+                .record
                 .no_schedule_reasons
                 .iter()
                 .map(NoScheduleReason::from)
@@ -374,7 +384,7 @@ impl NodeDetail {
         after: Option<String>,
     ) -> async_graphql::Result<CommandConnection> {
         let filter = crate::service::CommandFilter {
-            node_ids: vec![self.0.id.clone()],
+            node_ids: vec![self.0.record.id.clone()],
             statuses: status
                 .unwrap_or_default()
                 .into_iter()
@@ -385,10 +395,10 @@ impl NodeDetail {
         super::query::command_page(ctx, filter, first, after).await
     }
     async fn created_at(&self) -> DateTime<Utc> {
-        self.0.created_at
+        self.0.record.created_at
     }
     async fn updated_at(&self) -> DateTime<Utc> {
-        self.0.updated_at
+        self.0.record.updated_at
     }
 }
 
@@ -527,8 +537,9 @@ pub struct Schedulability {
     pub reasons: Vec<NoScheduleReason>,
 }
 
-/// An entry of the durable event log.
-pub struct Event(pub StoredEvent);
+/// An entry of the durable event log. The type, axis and actor are typed in the domain and
+/// rendered here in their stored spelling.
+pub struct Event(pub RecordedEvent);
 
 #[Object]
 impl Event {
@@ -538,13 +549,13 @@ impl Event {
     }
     #[graphql(name = "type")]
     async fn event_type(&self) -> &str {
-        &self.0.event_type
+        self.0.event_type.as_static_str()
     }
     async fn node_id(&self) -> Option<ID> {
-        self.0.node_id.clone().map(ID)
+        self.0.node_id.as_ref().map(|n| ID(n.to_string()))
     }
     async fn axis(&self) -> Option<&str> {
-        self.0.axis.as_deref()
+        self.0.axis.map(|a| a.as_static_str())
     }
     async fn from(&self) -> Option<&str> {
         self.0.from.as_deref()
@@ -553,8 +564,8 @@ impl Event {
         self.0.to.as_deref()
     }
     /// `user:<subject>`, `controller:<name>`, `node:<id>` or `system`.
-    async fn actor(&self) -> &str {
-        &self.0.actor
+    async fn actor(&self) -> String {
+        self.0.actor.to_string()
     }
     /// What caused it: the mutation, controller step or command.
     async fn cause(&self) -> Option<&str> {

@@ -2,6 +2,7 @@
 
 use bc_core::axes::{PoolAgent, PoolKind, SiteKind};
 use bc_core::catalog::{HardwareProfile, Pool, Site, Tenant, validate_name};
+use bc_core::event::EventType;
 use bc_core::ids::{PoolId, SiteId, TenantId};
 use std::collections::BTreeMap;
 
@@ -40,7 +41,7 @@ impl Services {
         let data = serde_json::json!({ "tenantId": tenant.id, "name": name });
         events::append_other(
             &*txn,
-            "tenant.created",
+            EventType::TenantCreated,
             Some(tenant.id.as_str()),
             &principal.actor(),
             data,
@@ -98,7 +99,7 @@ impl Services {
         let data = serde_json::json!({ "siteId": site.id, "name": name, "kind": kind });
         events::append_other(
             &*txn,
-            "site.created",
+            EventType::SiteCreated,
             owner.map(TenantId::as_str),
             &principal.actor(),
             data,
@@ -157,7 +158,7 @@ impl Services {
         let data = serde_json::json!({ "poolId": pool.id, "siteId": pool.site_id, "name": pool.name, "kind": pool.kind });
         events::append_other(
             &*txn,
-            "pool.created",
+            EventType::PoolCreated,
             pool.owner_tenant_id.as_ref().map(TenantId::as_str),
             &principal.actor(),
             data,

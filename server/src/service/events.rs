@@ -1,15 +1,15 @@
 //! The event log: every change's event, written in the same transaction as the change, and
 //! read back as a node's history and by the live feed that tails it.
 
+use bc_core::event::RecordedEvent;
 use bc_core::ids::{EventId, NodeId};
-use bc_core::node::NodeDetail;
+use bc_core::view::NodeDetail;
 use std::sync::Arc;
 use tokio::sync::{Notify, watch};
 
 use super::Services;
 use super::nodes::not_found;
 use super::store::events;
-use super::store::rows::StoredEvent;
 use crate::auth::Principal;
 use crate::error::ApiResult;
 
@@ -21,7 +21,8 @@ impl Services {
         node: &NodeDetail,
         before: Option<EventId>,
         limit: u64,
-    ) -> ApiResult<Vec<StoredEvent>> {
+    ) -> ApiResult<Vec<RecordedEvent>> {
+        let node = &node.record;
         if !principal.can_see(node.owner_tenant_id.as_ref()) {
             return Err(not_found(&node.id));
         }
@@ -35,7 +36,7 @@ impl Services {
         id: &NodeId,
         before: Option<EventId>,
         limit: u64,
-    ) -> ApiResult<Vec<StoredEvent>> {
+    ) -> ApiResult<Vec<RecordedEvent>> {
         Ok(events::for_node(self.store.db(), id.as_str(), before, limit).await?)
     }
 
@@ -47,7 +48,7 @@ impl Services {
 
     /// At most `limit` events after sequence number `after`, oldest first: the feed's replay
     /// and tail.
-    pub async fn events_after(&self, after: i64, limit: u64) -> ApiResult<Vec<StoredEvent>> {
+    pub async fn events_after(&self, after: i64, limit: u64) -> ApiResult<Vec<RecordedEvent>> {
         Ok(events::after(self.store.db(), after, limit).await?)
     }
 

@@ -96,8 +96,9 @@ impl Services {
     pub async fn node_devices(
         &self,
         principal: &Principal,
-        node: &bc_core::node::NodeDetail,
+        node: &bc_core::view::NodeDetail,
     ) -> ApiResult<Vec<Device>> {
+        let node = &node.record;
         if !principal.can_see(node.owner_tenant_id.as_ref()) {
             return Err(ApiError::NotFound(format!(
                 "node `{}` does not exist",

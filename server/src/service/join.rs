@@ -4,7 +4,7 @@
 
 use bc_core::Actor;
 use bc_core::catalog::Placement;
-use bc_core::event::{Axis, Change};
+use bc_core::event::{Axis, Change, EventType};
 use bc_core::hardware::hardware_key;
 use bc_core::ids::{JoinTokenId, NodeId, PoolId, SiteId};
 use bc_core::join::{JoinToken, secret_hash};
@@ -103,7 +103,7 @@ impl Services {
         let data = serde_json::json!({ "joinTokenId": id, "siteId": token.site_id, "poolId": token.pool_id, "maxUses": max_uses });
         events::append_other(
             &*txn,
-            "join_token.created",
+            EventType::JoinTokenCreated,
             None,
             &principal.actor(),
             data,
@@ -134,7 +134,7 @@ impl Services {
             join_tokens::revoke(&*txn, id, now).await?;
             events::append_other(
                 &*txn,
-                "join_token.revoked",
+                EventType::JoinTokenRevoked,
                 None,
                 &principal.actor(),
                 serde_json::json!({ "joinTokenId": id }),
@@ -223,7 +223,7 @@ impl Services {
                             let mut changes = n.bump_identity_generation("re-joined in place");
                             changes.push(
                                 Change::new(
-                                    "node.rejoined",
+                                    EventType::NodeRejoined,
                                     Axis::Lifecycle,
                                     None::<String>,
                                     Some(request.hostname.as_str()),
@@ -245,7 +245,7 @@ impl Services {
                 node.hardware_key_trusted = hw.trusted;
                 nodes::insert(&*txn, &node).await?;
                 let change = Change::new(
-                    "node.joined",
+                    EventType::NodeJoined,
                     Axis::Lifecycle,
                     None::<String>,
                     Some(JOIN_STATE.as_static_str()),

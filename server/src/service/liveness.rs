@@ -3,6 +3,7 @@
 //! brake, and the brake's own events. The controller decides; this only reads and writes.
 
 use bc_core::Actor;
+use bc_core::event::EventType;
 use bc_core::ids::SiteId;
 use chrono::{DateTime, Utc};
 use std::collections::HashMap;
@@ -47,7 +48,7 @@ impl Services {
     pub async fn record_site_liveness_event(
         &self,
         site: &SiteId,
-        event_type: &str,
+        event_type: EventType,
         actor: &Actor,
         data: serde_json::Value,
         now: DateTime<Utc>,

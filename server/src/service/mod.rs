@@ -36,7 +36,6 @@ use store::Store;
 pub use store::capacity::CapacityRow;
 pub use store::commands::CommandFilter;
 pub use store::node_filter::{LabelSelector, NodeFilter};
-pub use store::rows::StoredEvent;
 
 /// What every use case needs: storage, time, the CA, and this process's sessions.
 #[derive(Clone)]

@@ -6,7 +6,8 @@
 use bc_core::Actor;
 use bc_core::event::Change;
 use bc_core::ids::NodeId;
-use bc_core::node::{NodeDetail, NodeRecord};
+use bc_core::node::NodeRecord;
+use bc_core::view::NodeDetail;
 use chrono::{DateTime, Utc};
 
 use super::Services;

@@ -2,10 +2,11 @@
 
 use bc_core::axes::TaintEffect;
 use bc_core::catalog::Placement;
-use bc_core::event::Change;
+use bc_core::event::{Change, EventType};
 use bc_core::ids::{NodeId, PoolId, SiteId};
-use bc_core::node::{NodeDetail, NodeRecord};
+use bc_core::node::NodeRecord;
 use bc_core::provision::{ENROLL_STATE, ProvisionMove};
+use bc_core::view::NodeDetail;
 use chrono::{DateTime, SubsecRound, Utc};
 use sea_orm::ConnectionTrait;
 use std::collections::BTreeMap;
@@ -306,7 +307,7 @@ impl Services {
         )?;
         nodes::insert(&*txn, &record).await?;
         let change = Change::new(
-            "node.enrolled",
+            EventType::NodeEnrolled,
             bc_core::event::Axis::Lifecycle,
             None::<String>,
             Some(ENROLL_STATE.as_static_str()),

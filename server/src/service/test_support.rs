@@ -2,6 +2,7 @@
 //! use cases (a node in any state, without the events a real change would write) and reads
 //! of storage internals that only a test compares against the domain.
 
+use bc_core::event::EventType;
 use bc_core::ids::NodeId;
 use bc_core::node::NodeRecord;
 use bc_core::schedule::CapacityBucket;
@@ -43,14 +44,14 @@ impl Services {
     /// filler with which feed tests make a subscriber fall behind.
     pub async fn append_events_for_tests(
         &self,
-        batch: &[(&str, serde_json::Value)],
+        batch: &[(EventType, serde_json::Value)],
     ) -> ApiResult<()> {
         let txn = self.store.write().await?;
         let now = self.clock.now();
         for (event_type, data) in batch {
             events::append_other(
                 &*txn,
-                event_type,
+                *event_type,
                 None,
                 &bc_core::Actor::System,
                 data.clone(),

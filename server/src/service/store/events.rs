@@ -2,7 +2,7 @@
 //! sequence number is the event's id and the resume cursor.
 
 use bc_core::Actor;
-use bc_core::event::Change;
+use bc_core::event::{Axis, Change, EventType, RecordedEvent};
 use bc_core::ids::EventId;
 use bc_core::node::NodeRecord;
 use bc_entity::event;
@@ -11,7 +11,7 @@ use sea_orm::ActiveValue::{NotSet, Set};
 use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 
 use super::Store;
-use super::rows::{StoredEvent, stored_event};
+use super::rows::recorded_event;
 
 /// The PostgreSQL channel that announces new events to every replica. `pg_notify` is
 /// transactional: listeners hear it only when (and if) the transaction commits.
@@ -53,7 +53,7 @@ pub async fn append_node_changes(
         seq: NotSet,
         node_id: Set(Some(node.id.to_string())),
         tenant_id: Set(node.owner_tenant_id.as_ref().map(ToString::to_string)),
-        event_type: Set(change.event_type.to_owned()),
+        event_type: Set(change.event_type.to_string()),
         axis: Set(Some(change.axis.to_string())),
         from_value: Set(change.from.clone()),
         to_value: Set(change.to.clone()),
@@ -68,10 +68,11 @@ pub async fn append_node_changes(
     Ok(())
 }
 
-/// Appends one event that is not about a single node axis (a tenant, site or pool created).
+/// Appends one event that is not about a single node axis (a tenant, site, pool or join token
+/// created or revoked, a site's liveness paused or resumed).
 pub async fn append_other(
     conn: &impl ConnectionTrait,
-    event_type: &str,
+    event_type: EventType,
     tenant_id: Option<&str>,
     actor: &Actor,
     data: serde_json::Value,
@@ -82,7 +83,7 @@ pub async fn append_other(
         seq: NotSet,
         node_id: Set(None),
         tenant_id: Set(tenant_id.map(str::to_owned)),
-        event_type: Set(event_type.to_owned()),
+        event_type: Set(event_type.to_string()),
         axis: Set(None),
         from_value: Set(None),
         to_value: Set(None),
@@ -102,14 +103,14 @@ pub async fn after(
     conn: &impl ConnectionTrait,
     after: i64,
     limit: u64,
-) -> Result<Vec<StoredEvent>, sea_orm::DbErr> {
+) -> anyhow::Result<Vec<RecordedEvent>> {
     let rows = event::Entity::find()
         .filter(event::Column::Seq.gt(after))
         .order_by_asc(event::Column::Seq)
         .limit(limit)
         .all(conn)
         .await?;
-    Ok(rows.into_iter().map(stored_event).collect())
+    rows.into_iter().map(recorded_event).collect()
 }
 
 /// The newest event's sequence number (0 when there is none).
@@ -127,7 +128,7 @@ pub async fn for_node(
     node_id: &str,
     before: Option<EventId>,
     limit: u64,
-) -> Result<Vec<StoredEvent>, sea_orm::DbErr> {
+) -> anyhow::Result<Vec<RecordedEvent>> {
     let mut select = event::Entity::find().filter(event::Column::NodeId.eq(node_id));
     if let Some(before) = before {
         select = select.filter(event::Column::Seq.lt(before.0));
@@ -137,7 +138,7 @@ pub async fn for_node(
         .limit(limit)
         .all(conn)
         .await?;
-    Ok(rows.into_iter().map(stored_event).collect())
+    rows.into_iter().map(recorded_event).collect()
 }
 
 /// Appends the event of one command status change (`command.<status>`).
@@ -153,8 +154,8 @@ pub async fn append_command(
         seq: NotSet,
         node_id: Set(Some(command.node_id.to_string())),
         tenant_id: Set(command.tenant_id.as_ref().map(ToString::to_string)),
-        event_type: Set(format!("command.{}", command.status)),
-        axis: Set(Some("command".to_owned())),
+        event_type: Set(EventType::command(command.status).to_string()),
+        axis: Set(Some(Axis::Command.to_string())),
         from_value: Set(from.map(|s| s.to_string())),
         to_value: Set(Some(command.status.to_string())),
         actor: Set(actor.to_string()),

@@ -152,10 +152,11 @@ impl NodeFilter {
 impl NodeFilter {
     /// The same filter in Rust, for the live feed (which must not query the database per
     /// event per subscriber). `server/tests/node_queries.rs` checks it agrees with the SQL.
-    pub fn matches(&self, n: &bc_core::node::NodeDetail) -> bool {
+    pub fn matches(&self, detail: &bc_core::view::NodeDetail) -> bool {
         fn any<T: PartialEq>(wanted: &[T], value: &T) -> bool {
             wanted.is_empty() || wanted.contains(value)
         }
+        let (n, schedulability) = (&detail.record, &detail.schedulability);
         (self.include_deleted || n.deleted_at.is_none())
             && self
                 .owner
@@ -184,10 +185,10 @@ impl NodeFilter {
                 || n.no_schedule_reasons
                     .iter()
                     .any(|r| self.reasons.contains(&r.key.to_string())))
-            && any(&self.buckets, &n.schedulability.bucket)
+            && any(&self.buckets, &schedulability.bucket)
             && self
                 .schedulable
-                .is_none_or(|s| s == n.schedulability.schedulable)
+                .is_none_or(|s| s == schedulability.schedulable)
             && self.hostname_contains.as_ref().is_none_or(|h| {
                 n.hostname
                     .to_ascii_lowercase()

@@ -6,7 +6,8 @@
 use anyhow::{Context, anyhow};
 use bc_core::Actor;
 use bc_core::catalog::{HardwareProfile, Pool, Site, Tenant};
-use bc_core::ids::{NodeId, PoolId, SiteId, TenantId};
+use bc_core::event::{Axis, RecordedEvent};
+use bc_core::ids::{EventId, NodeId, PoolId, SiteId, TenantId};
 use bc_core::node::{Condition, Cordon, Drain, NodeRecord, Session, Taint};
 use bc_core::reason::{NoScheduleReason, ReasonKey};
 use bc_entity::{
@@ -369,34 +370,86 @@ pub fn pool(row: pool::Model) -> anyhow::Result<Pool> {
     })
 }
 
-/// A stored event, as the API shows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StoredEvent {
-    pub id: bc_core::ids::EventId,
-    pub node_id: Option<String>,
-    pub tenant_id: Option<String>,
-    pub event_type: String,
-    pub axis: Option<String>,
-    pub from: Option<String>,
-    pub to: Option<String>,
-    pub actor: String,
-    pub cause: Option<String>,
-    pub data: serde_json::Value,
-    pub at: chrono::DateTime<chrono::Utc>,
-}
-
-pub fn stored_event(row: event::Model) -> StoredEvent {
-    StoredEvent {
-        id: bc_core::ids::EventId(row.seq),
-        node_id: row.node_id,
-        tenant_id: row.tenant_id,
-        event_type: row.event_type,
-        axis: row.axis,
+/// An event row as the domain's read model; a type, axis, actor or id that does not parse is
+/// a corrupt row.
+pub fn recorded_event(row: event::Model) -> anyhow::Result<RecordedEvent> {
+    Ok(RecordedEvent {
+        id: EventId(row.seq),
+        node_id: opt_id("events", "node_id", row.node_id.as_deref(), NodeId::parse)?,
+        tenant_id: opt_id(
+            "events",
+            "tenant_id",
+            row.tenant_id.as_deref(),
+            TenantId::parse,
+        )?,
+        event_type: parse("events", "event_type", &row.event_type)?,
+        axis: row
+            .axis
+            .as_deref()
+            .map(|axis| parse::<Axis>("events", "axis", axis))
+            .transpose()?,
         from: row.from_value,
         to: row.to_value,
-        actor: row.actor,
+        actor: actor("events", "actor", &row.actor)?,
         cause: row.cause,
         data: row.data,
         at: row.created_at,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bc_core::event::EventType;
+
+    fn event_row() -> event::Model {
+        event::Model {
+            seq: 7,
+            node_id: Some("node_a".into()),
+            tenant_id: None,
+            event_type: "node.cordoned".into(),
+            axis: Some("cordoned".into()),
+            from_value: Some("false".into()),
+            to_value: Some("true".into()),
+            actor: "user:alice".into(),
+            cause: Some("cordonNode".into()),
+            data: serde_json::json!({ "detail": "rack move", "version": 2 }),
+            created_at: chrono::DateTime::UNIX_EPOCH,
+        }
+    }
+
+    #[test]
+    fn an_event_row_maps_to_its_domain_types() {
+        let e = recorded_event(event_row()).expect("a valid row");
+        assert_eq!(e.id, EventId(7));
+        assert_eq!(e.node_id.as_ref().map(NodeId::as_str), Some("node_a"));
+        assert_eq!(e.event_type, EventType::NodeCordoned);
+        assert_eq!(e.axis, Some(Axis::Cordoned));
+        assert_eq!(e.actor, Actor::User("alice".into()));
+        assert_eq!(e.node_version(), Some(2));
+    }
+
+    #[test]
+    fn an_event_row_that_does_not_map_is_corrupt() {
+        type Corrupt = fn(&mut event::Model);
+        let cases: [(Corrupt, &str); 4] = [
+            (
+                |r| r.event_type = "node.exploded".into(),
+                "events.event_type",
+            ),
+            (|r| r.axis = Some("mood".into()), "events.axis"),
+            (|r| r.actor = "robot:x".into(), "events.actor"),
+            (|r| r.node_id = Some("site_a".into()), "events.node_id"),
+        ];
+        for (corrupt, column) in cases {
+            let mut row = event_row();
+            corrupt(&mut row);
+            let err = recorded_event(row).expect_err("a corrupt row");
+            assert!(
+                err.to_string()
+                    .starts_with(&format!("corrupt row: {column} = ")),
+                "{err}"
+            );
+        }
     }
 }
