@@ -2,8 +2,6 @@
 //! (depth, complexity, page size), and the plain HTTP endpoints, over real HTTP on SQLite
 //! and on PostgreSQL.
 
-mod common;
-
 use bc_core::ids::TenantId;
 use bc_testing::{Gql, TestServer, each_backend};
 use better_compute::auth::Role;
@@ -123,7 +121,7 @@ async fn listed(s: &TestServer, token: &str, filter: Value) -> Vec<String> {
 async fn a_node_on_a_tenants_custom_site_is_tenant_owned_by_it() {
     each_backend(async |s| {
         let w = world(s).await;
-        let node = common::node(s, &w.a.node).await;
+        let node = crate::common::node(s, &w.a.node).await;
         assert_eq!(node["trust"], json!("TENANT_OWNED"));
         assert_eq!(node["ownerTenantId"], json!(w.a.tenant));
         assert_eq!(node["role"], json!("HOST"));
@@ -141,7 +139,7 @@ async fn a_node_on_a_tenants_custom_site_is_tenant_owned_by_it() {
             !failing.contains(&&json!("TRUST_ALLOWS_POOL")),
             "{failing:?}"
         );
-        let platform = common::node(s, &w.platform_node).await;
+        let platform = crate::common::node(s, &w.platform_node).await;
         assert_eq!(platform["trust"], json!("PLATFORM"));
         assert_eq!(platform["ownerTenantId"], Value::Null);
     })
@@ -291,7 +289,7 @@ async fn a_tenant_cannot_change_a_node_it_does_not_own() {
                 json!({ "id": target }),
             )
             .await;
-            let before = common::node(s, target).await;
+            let before = crate::common::node(s, target).await;
             for (field, input_type, args) in &cases {
                 let mut input = json!({ "id": target, "version": before["version"] });
                 if let (Some(input), Some(args)) = (input.as_object_mut(), args.as_object()) {
@@ -312,7 +310,7 @@ async fn a_tenant_cannot_change_a_node_it_does_not_own() {
                     response.body
                 );
             }
-            assert_eq!(common::node(s, target).await, before, "{target} unchanged");
+            assert_eq!(crate::common::node(s, target).await, before, "{target} unchanged");
         }
 
         // The same token changes its own node.
@@ -462,8 +460,8 @@ async fn query_depth_and_complexity_are_limited() {
 async fn page_arguments_out_of_range_are_bad_user_input() {
     each_backend(async |s| {
         let token = s.token(Role::Viewer);
-        let place = common::site_and_pool(s).await;
-        let record = common::node_record(s, &place, bc_core::axes::ProvisionState::Adopted);
+        let place = crate::common::site_and_pool(s).await;
+        let record = crate::common::node_record(s, &place, bc_core::axes::ProvisionState::Adopted);
         s.insert_node(&record).await;
         let id = record.id.as_str();
         // (query, whether it is accepted)

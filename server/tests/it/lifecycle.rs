@@ -5,13 +5,11 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod raw_daemon;
-
+use crate::raw_daemon::*;
 use bc_core::command::Outcome;
 use bc_core::protocol::{DaemonMessage, GatewayMessage, section_hash};
 use bc_testing::{TestServer, each_backend};
 use better_compute::controllers::LifecycleController;
-use raw_daemon::*;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 

@@ -4,15 +4,13 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod raw_daemon;
-
+use crate::raw_daemon::*;
 use bc_core::command::Outcome;
 use bc_core::protocol::{DaemonMessage, GatewayMessage};
 use bc_testing::subscription::SubscriptionClient;
 use bc_testing::{TestServer, each_backend};
 use better_compute::auth::Role;
 use better_compute::controllers::CommandTimingController;
-use raw_daemon::*;
 use serde_json::{Value, json};
 use std::time::Duration;
 
@@ -83,7 +81,9 @@ async fn command(s: &TestServer, id: &str) -> Value {
 }
 
 async fn cordon(s: &TestServer, node: &str) {
-    let version = raw_daemon::node(s, node).await["version"].as_i64().unwrap();
+    let version = crate::raw_daemon::node(s, node).await["version"]
+        .as_i64()
+        .unwrap();
     s.admin("mutation($id: ID!, $v: Int!) { cordonNode(input: {id: $id, version: $v, reason: \"maintenance\"}) { version } }", json!({"id": node, "v": version}))
         .await;
 }
@@ -286,7 +286,7 @@ async fn a_cancel_racing_a_result_keeps_the_first_final_state() {
         assert_eq!(after["status"], "CANCELLED");
         assert!(after["exitCode"].is_null());
         assert_eq!(
-            raw_daemon::node(s, &live.node_id).await["connectivity"],
+            crate::raw_daemon::node(s, &live.node_id).await["connectivity"],
             "CONNECTED"
         );
         // Cancelling an ended command is refused with the state it is in.

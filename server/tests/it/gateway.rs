@@ -5,13 +5,11 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod raw_daemon;
-
+use crate::raw_daemon::*;
 use bc_core::clock::Clock;
 use bc_core::protocol::{DaemonMessage, GatewayMessage, IssuedIdentity, section_hash};
 use bc_testing::each_backend;
 use futures::{SinkExt, StreamExt};
-use raw_daemon::*;
 use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;

@@ -6,8 +6,9 @@
 //! `NOT_FOUND`) without changing the node. Fixtures are written straight to storage with
 //! `insert_node`, so each case starts from exactly the state it names.
 
-mod common;
-
+use crate::common::{
+    NODE_FIELDS, event_summary, events, extensions, fetch_node, node, node_record, now,
+};
 use bc_core::Actor;
 use bc_core::DomainError;
 use bc_core::axes::{ProvisionState, TaintEffect};
@@ -18,7 +19,6 @@ use bc_core::reason::ReasonKey;
 use bc_testing::{Gql, TestServer, each_backend};
 use better_compute::auth::{Role, TokenKeys};
 use chrono::{DateTime, Duration, Utc};
-use common::{NODE_FIELDS, event_summary, events, extensions, fetch_node, node, node_record, now};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 
@@ -767,7 +767,7 @@ async fn check_success(
 #[tokio::test]
 async fn every_mutation_changes_its_fields_bumps_the_version_once_and_records_events() {
     each_backend(async |s| {
-        let place = common::site_and_pool(s).await;
+        let place = crate::common::site_and_pool(s).await;
         let cases = success_cases(now(s));
         for m in Mutation::ALL {
             assert!(
@@ -785,7 +785,7 @@ async fn every_mutation_changes_its_fields_bumps_the_version_once_and_records_ev
 #[tokio::test]
 async fn a_stale_version_is_a_conflict_naming_the_current_version() {
     each_backend(async |s| {
-        let place = common::site_and_pool(s).await;
+        let place = crate::common::site_and_pool(s).await;
         // (mutation, the version passed) against a node at version 7.
         let cases: Vec<(Mutation, i64)> = Mutation::ALL
             .into_iter()
@@ -886,7 +886,7 @@ async fn a_provision_move_from_a_wrong_state_is_invalid_state() {
         (Mutation::Delete, Ready, json!({}), "delete"),
     ];
     each_backend(async |s| {
-        let place = common::site_and_pool(s).await;
+        let place = crate::common::site_and_pool(s).await;
         for (m, state, args, attempted) in &cases {
             let label = format!("{m:?} {args} from {state} ({:?})", s.backend);
             let before = fixture(s, &place, *state, plain, 1).await;
@@ -918,7 +918,7 @@ async fn a_provision_move_from_a_wrong_state_is_invalid_state() {
 #[tokio::test]
 async fn a_caller_without_the_role_is_forbidden() {
     each_backend(async |s| {
-        let place = common::site_and_pool(s).await;
+        let place = crate::common::site_and_pool(s).await;
         let mut checked = 0;
         for m in Mutation::ALL {
             for role in [Role::Viewer, Role::Operator] {
@@ -943,7 +943,7 @@ async fn a_caller_without_the_role_is_forbidden() {
 #[tokio::test]
 async fn a_request_without_valid_credentials_is_401_unauthenticated() {
     each_backend(async |s| {
-        let place = common::site_and_pool(s).await;
+        let place = crate::common::site_and_pool(s).await;
         let other_secret =
             TokenKeys::new(b"not-the-server-secret-0123456789abcdef", "better-compute")
                 .expect("a valid secret")
@@ -1139,7 +1139,7 @@ fn bad_input_cases(now: DateTime<Utc>) -> Vec<BadInput> {
 #[tokio::test]
 async fn malformed_input_is_bad_user_input() {
     each_backend(async |s| {
-        let place = common::site_and_pool(s).await;
+        let place = crate::common::site_and_pool(s).await;
         // Move the server's clock a day ahead of the wall clock.
         s.clock.advance(Duration::days(1));
         for case in bad_input_cases(now(s)) {
@@ -1172,7 +1172,7 @@ async fn malformed_input_is_bad_user_input() {
 #[tokio::test]
 async fn an_unknown_node_or_taint_is_not_found() {
     each_backend(async |s| {
-        let place = common::site_and_pool(s).await;
+        let place = crate::common::site_and_pool(s).await;
         let unknown = NodeId::generate();
         for m in Mutation::ALL {
             let label = format!("{m:?} on an unknown node ({:?})", s.backend);
@@ -1216,7 +1216,7 @@ async fn an_unknown_node_or_taint_is_not_found() {
 #[tokio::test]
 async fn a_call_that_changes_nothing_keeps_the_version_and_writes_no_event() {
     each_backend(async |s| {
-        let place = common::site_and_pool(s).await;
+        let place = crate::common::site_and_pool(s).await;
         let deadline = drain_deadline(now(s));
         let cases: Vec<(&str, Mutation, Prep, Value)> = vec![
             (
@@ -1280,7 +1280,7 @@ fn time(value: &Value) -> DateTime<Utc> {
 #[tokio::test]
 async fn drain_cordons_and_keeps_draining_with_its_deadline_until_uncordon() {
     each_backend(async |s| {
-        let place = common::site_and_pool(s).await;
+        let place = crate::common::site_and_pool(s).await;
         let operator = token(s, Role::Operator);
         let before = fixture(s, &place, Adopted, plain, 1).await;
         let id = id_of(&before);
@@ -1370,7 +1370,7 @@ async fn a_no_schedule_taint_is_a_reason_with_what_clears_it_until_untainted() {
         n.connectivity = bc_core::axes::Connectivity::Connected;
     }
     each_backend(async |s| {
-        let place = common::site_and_pool(s).await;
+        let place = crate::common::site_and_pool(s).await;
         let operator = token(s, Role::Operator);
         let before = fixture(s, &place, Adopted, schedulable, 1).await;
         let id = id_of(&before);
@@ -1443,7 +1443,7 @@ async fn a_no_schedule_taint_is_a_reason_with_what_clears_it_until_untainted() {
 #[tokio::test]
 async fn a_deleted_node_is_gone_from_the_api_but_its_history_stays() {
     each_backend(async |s| {
-        let place = common::site_and_pool(s).await;
+        let place = crate::common::site_and_pool(s).await;
         let admin = token(s, Role::Admin);
         let kept = fixture(s, &place, Retired, plain, 1).await;
         let before = fixture(s, &place, Retired, plain, 1).await;
@@ -1534,7 +1534,7 @@ async fn a_deleted_node_is_gone_from_the_api_but_its_history_stays() {
 #[tokio::test]
 async fn a_drain_deadline_is_kept_to_the_microsecond() {
     each_backend(async |s| {
-        let place = common::site_and_pool(s).await;
+        let place = crate::common::site_and_pool(s).await;
         let operator = token(s, Role::Operator);
         let before = fixture(s, &place, Adopted, plain, 1).await;
         let id = id_of(&before);

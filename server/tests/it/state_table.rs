@@ -3,8 +3,7 @@
 //! PostgreSQL. The expected answer of each case comes from `bc_core::provision`, so the
 //! API can never drift from the table.
 
-mod common;
-
+use crate::common::{events, extensions, gql_enum, node_record};
 use bc_core::DomainError;
 use bc_core::axes::ProvisionState;
 use bc_core::ids::{PoolId, SiteId};
@@ -14,7 +13,6 @@ use bc_core::provision::{
 use bc_testing::{TestServer, each_backend};
 use better_compute::auth::Role;
 use chrono::Duration;
-use common::{events, extensions, gql_enum, node_record};
 use serde_json::{Value, json};
 use strum::IntoEnumIterator;
 
@@ -238,7 +236,7 @@ fn operator(s: &TestServer) -> String {
 #[tokio::test]
 async fn transition_node_follows_the_table_from_every_state_for_every_move() {
     each_backend(async |s| {
-        let place = common::site_and_pool(s).await;
+        let place = crate::common::site_and_pool(s).await;
         let token = operator(s);
         let (mut allowed, mut refused) = (0, 0);
         for state in ProvisionState::iter() {
@@ -261,7 +259,7 @@ async fn transition_node_follows_the_table_from_every_state_for_every_move() {
 #[tokio::test]
 async fn adopt_retire_and_delete_follow_the_table_from_every_state() {
     each_backend(async |s| {
-        let place = common::site_and_pool(s).await;
+        let place = crate::common::site_and_pool(s).await;
         // Deleting needs an admin.
         let token = s.mint("state-table", Role::Admin, None, Duration::hours(1));
         for via in [Via::Adopt, Via::Retire, Via::Delete] {

@@ -1,8 +1,6 @@
 //! The control plane under abuse: requests that once exhausted a resource, each checked on
 //! both backends.
 
-mod common;
-
 use bc_core::axes::ProvisionState;
 use bc_testing::each_backend_with;
 use better_compute::auth::Role;
@@ -10,7 +8,7 @@ use futures::future::join_all;
 use serde_json::json;
 use std::time::Instant;
 
-use common::{node_record, site_and_pool};
+use crate::common::{node_record, site_and_pool};
 
 /// Concurrent reads, far more than the pool has connections.
 const CONCURRENT_READS: usize = 500;

@@ -1,0 +1,4 @@
+//! The simulated fleet's integration tests, one binary: FakeDaemons joining a real server.
+
+mod fleet;
+mod lifecycle;
