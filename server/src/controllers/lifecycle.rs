@@ -60,7 +60,21 @@ impl LifecycleController {
                 ..Default::default()
             };
             let (checks, _) = self.services.commands(&platform(), mine, None, 20).await?;
-            let Some(check) = checks.into_iter().find(|c| c.created_by == self.actor) else {
+            let latest = checks.into_iter().find(|c| c.created_by == self.actor);
+            let current = match latest {
+                // A finished check from before the node's last provision move (a failed
+                // acceptance, then `recover`) judged the node in its previous life: it gets
+                // a new one rather than failing again on old evidence.
+                Some(check) if check.status.is_final() => {
+                    let stale = self
+                        .services
+                        .queued_before_last_provision_move(&node.id, &check.id)
+                        .await?;
+                    (!stale).then_some(check)
+                }
+                other => other,
+            };
+            let Some(check) = current else {
                 let new = NewCommand {
                     kind: CommandKind::DiagNvml,
                     params: serde_json::json!({ "level": ACCEPTANCE_DIAG_LEVEL }),

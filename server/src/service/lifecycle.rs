@@ -2,13 +2,15 @@
 //! work lists, so a settled fleet costs one cheap query per controller per tick.
 
 use bc_core::axes::{Connectivity, ProvisionState};
-use bc_core::ids::NodeId;
+use bc_core::command::CommandStatus;
+use bc_core::event::EventType;
+use bc_core::ids::{CommandId, NodeId};
 use bc_core::node::NodeRecord;
 
 use super::Services;
 use super::store::drains;
 use super::store::node_filter::NodeFilter;
-use super::store::nodes;
+use super::store::{events, nodes};
 use crate::error::ApiResult;
 
 pub use super::store::drains::ExpiredDrain;
@@ -25,6 +27,33 @@ impl Services {
         let read = self.store.read().await?;
         let candidates = nodes::list(&read, &filter, None, limit).await?;
         Ok(candidates.into_iter().filter(|n| n.gpu_count > 0).collect())
+    }
+
+    /// Whether `check`, a command sent to the node, was queued before the node's last
+    /// provision move: it then judged the node in a previous life (a failed acceptance before
+    /// a `recover`) and proves nothing now. Compared by the event log's order, which is
+    /// commit order, so it does not depend on the clock's resolution.
+    pub async fn queued_before_last_provision_move(
+        &self,
+        node: &NodeId,
+        check: &CommandId,
+    ) -> ApiResult<bool> {
+        let db = self.store.db();
+        let moved = events::latest_of_type(
+            db,
+            node.as_str(),
+            EventType::NodeProvisionStateChanged,
+            None,
+        )
+        .await?;
+        let queued = events::latest_of_type(
+            db,
+            node.as_str(),
+            EventType::command(CommandStatus::Queued),
+            Some(check.as_str()),
+        )
+        .await?;
+        Ok(matches!((moved, queued), (Some(moved), Some(queued)) if queued.id < moved.id))
     }
 
     /// Live nodes in `states` still at spec generation 0 (id and version), at most `limit`.

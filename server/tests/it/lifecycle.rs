@@ -234,7 +234,8 @@ async fn seven_of_eight_gpus_is_unschedulable_with_gpu_count_mismatch_in_its_exp
 }
 
 #[tokio::test]
-async fn a_failing_diagnostic_ends_failed_with_maintenance_on_and_the_result_kept() {
+async fn a_failing_diagnostic_ends_failed_with_maintenance_on_and_a_recovered_node_is_checked_again()
+ {
     each_backend(async |s| {
         let (machine, id, cert) = joined(s, 8).await;
         let (mut ws, _) = session_with(s, &cert, &machine, &gpus(8, &[]), 0).await;
@@ -257,6 +258,28 @@ async fn a_failing_diagnostic_ends_failed_with_maintenance_on_and_the_result_kep
         assert_eq!(kept["command"]["result"]["failures"][0]["gpu"], 3);
         // No second check is queued for a failed node.
         assert_eq!(lifecycle.tick().await.unwrap().checks_queued, 0);
+
+        // An operator recovers it (the GPU was reseated): it is checked again, not failed
+        // again on the old check's evidence, and a passing check adopts it.
+        let version = detail(s, &id).await["version"].clone();
+        let recovered = s
+            .admin(
+                "mutation($id: ID!, $v: Int!) { transitionNode(input: {id: $id, version: $v, move: RECOVER, reason: \"GPU 3 reseated\"}) { provisionState maintenance } }",
+                json!({"id": id, "v": version}),
+            )
+            .await;
+        assert_eq!(recovered["transitionNode"]["provisionState"], "ADOPTING");
+        let report = lifecycle.tick().await.unwrap();
+        assert_eq!((report.checks_queued, report.failed), (1, 0), "{report:?}");
+        assert_eq!(detail(s, &id).await["provisionState"], "ADOPTING");
+        let Ok(GatewayMessage::Command { id: second, .. }) = next(&mut ws).await else { panic!("expected a second acceptance check") };
+        assert_ne!(second, check);
+        send(&mut ws, &DaemonMessage::CommandResult { id: second, outcome: Outcome::Succeeded, exit_code: Some(0), output: "PASS".into(), result: Some(json!({"passed": true, "failures": []})) }).await;
+        wait_until(async || {
+            lifecycle.tick().await.unwrap();
+            detail(s, &id).await["provisionState"] == "ADOPTED"
+        })
+        .await;
     })
     .await;
 }

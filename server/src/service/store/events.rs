@@ -141,6 +141,28 @@ pub async fn for_node(
     rows.into_iter().map(recorded_event).collect()
 }
 
+/// The node's newest event of `event_type` (with this `cause`, if given), if any: an indexed
+/// lookup by node, newest first.
+pub async fn latest_of_type(
+    conn: &impl ConnectionTrait,
+    node_id: &str,
+    event_type: EventType,
+    cause: Option<&str>,
+) -> anyhow::Result<Option<RecordedEvent>> {
+    let mut select = event::Entity::find()
+        .filter(event::Column::NodeId.eq(node_id))
+        .filter(event::Column::EventType.eq(event_type.as_static_str()));
+    if let Some(cause) = cause {
+        select = select.filter(event::Column::Cause.eq(cause));
+    }
+    select
+        .order_by_desc(event::Column::Seq)
+        .one(conn)
+        .await?
+        .map(recorded_event)
+        .transpose()
+}
+
 /// Appends the event of one command status change (`command.<status>`).
 pub async fn append_command(
     conn: &impl ConnectionTrait,
