@@ -1,7 +1,6 @@
 //! The HTTP surface: `/graphql` (POST for operations, GET for GraphiQL), `/healthz`,
 //! `/readyz` and `/metrics`, and behind them the dashboard's files at `/` ([`Dashboard`]).
 
-use async_graphql::http::GraphiQLSource;
 use async_graphql_axum::{GraphQLRequest, GraphQLResponse};
 use axum::Router;
 use axum::extract::State;
@@ -35,6 +34,7 @@ pub struct AppState {
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/graphql", get(graphql_get).post(graphql))
+        .route("/graphql/assets/{file}", get(crate::graphiql::asset))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -260,14 +260,7 @@ async fn graphql_get(State(state): State<AppState>, request: axum::extract::Requ
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
     if !wants_upgrade {
-        return Html(
-            GraphiQLSource::build()
-                .endpoint("/graphql")
-                .subscription_endpoint("/graphql")
-                .title("Better Compute GraphQL")
-                .finish(),
-        )
-        .into_response();
+        return crate::graphiql::page().into_response();
     }
     let protocol =
         match async_graphql_axum::GraphQLProtocol::from_request_parts(&mut parts, &state).await {

@@ -425,3 +425,29 @@ async fn healthz_answers_while_heavy_queries_run() {
     })
     .await;
 }
+
+/// GraphiQL loads its scripts from the server itself: the machines reach no CDN, and a page
+/// holding an admin token runs no third-party script.
+#[tokio::test]
+async fn graphiql_is_served_without_a_cdn() {
+    each_backend(async |s| {
+        let (status, page) = s.get("/graphql").await;
+        assert_eq!(status, 200);
+        assert!(!page.contains("https://"), "{page}");
+        let scripts: Vec<&str> = page
+            .split("src=\"")
+            .skip(1)
+            .chain(page.split("href=\"").skip(1))
+            .filter_map(|rest| rest.split('"').next())
+            .collect();
+        assert_eq!(scripts.len(), 4, "{scripts:?}");
+        for path in scripts {
+            assert!(path.starts_with("/graphql/assets/"), "{path}");
+            let (status, body) = s.get(path).await;
+            assert_eq!(status, 200, "{path}");
+            assert!(body.len() > 10_000, "{path}: {} bytes", body.len());
+        }
+        assert_eq!(s.get("/graphql/assets/nothing.js").await.0, 404);
+    })
+    .await;
+}
