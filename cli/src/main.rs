@@ -243,7 +243,7 @@ async fn dev(
     )?;
     writeln!(
         out,
-        "  GraphQL (GraphiQL in a browser): {}/graphql",
+        "  GraphiQL (signs in):            {}/graphql#token={token}",
         server.url()
     )?;
     if let Some(gateway) = server.gateway_url() {

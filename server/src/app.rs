@@ -115,6 +115,7 @@ pub async fn start(config: &Config, clock: Arc<dyn Clock>) -> anyhow::Result<Run
         keys: keys.clone(),
         services: services.clone(),
         dashboard,
+        graphql: crate::http::GraphqlExecutor::new(config.graphql.max_concurrent_requests),
     });
     let (tx, rx) = oneshot::channel::<()>();
     let task = tokio::spawn(async move {

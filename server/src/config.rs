@@ -55,14 +55,47 @@ pub struct AuthConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct GraphqlConfig {
-    /// Deepest query accepted.
+    /// Deepest query accepted, in nested fields (introspection has its own limit). The
+    /// dashboard's deepest query nests 4; the schema has no cycle deeper than this allows.
     pub max_depth: usize,
-    /// Highest complexity accepted (each field costs 1, a list field multiplies by `first`).
+    /// Highest complexity accepted (each field costs 1, a connection multiplies what is under
+    /// it by `first`, at least 1). Checked during validation, whose work the limits below
+    /// bound beforehand.
     pub max_complexity: usize,
     /// Page size when a connection is asked without `first`.
     pub default_page_size: u64,
     /// Largest `first` accepted.
     pub max_page_size: u64,
+    /// Longest query text accepted, in bytes, checked before it is parsed: parsing and every
+    /// later walk are linear in it. All of the dashboard's operations together are 4.3 KB,
+    /// graphql-js's introspection query 2 KB.
+    pub max_query_bytes: usize,
+    /// Most aliased fields in a query, counted with every fragment spread expanded: aliases
+    /// are how one request asks for the same expensive field many times (10,000 aliases of
+    /// `nodes { totalCount }` were 10,000 counts). The dashboard uses none.
+    pub max_aliases: usize,
+    /// Most fragment spreads in a query, counted with every spread expanded: fragments that
+    /// each spread the next twice double the document per fragment. All of the dashboard's
+    /// operations together spread 4, graphql-js's introspection query 10.
+    pub max_fragment_spreads: usize,
+    /// Most fields (and directives) in a query, counted with every fragment spread expanded:
+    /// what validation and execution walk. All of the dashboard's operations together have
+    /// 232, graphql-js's introspection query 230.
+    pub max_fields: usize,
+    /// Deepest nesting under `__schema` and `__type`. graphql-js's introspection query, which
+    /// GraphiQL and code generators send, nests 15 fields deep.
+    pub introspection_max_depth: usize,
+    /// Largest introspection answer a query may ask for: an upper bound on its values, each
+    /// list counting as the longest such list in the schema (every type, the widest type's
+    /// fields, …). Depth alone does not bound it, since `types { fields { type { fields … } } }`
+    /// multiplies at every level. graphql-js's introspection query measures 456,344 here,
+    /// under a quarter of the default; its real answer is far smaller.
+    pub introspection_max_cost: usize,
+    /// GraphQL operations over HTTP that run at once; more wait for a turn. Each runs on a
+    /// thread of its own (see `http::GraphqlExecutor`), so this bounds those threads and the
+    /// answers held in memory. Twice the default database pool, so that requests queue here
+    /// rather than time out waiting for a connection.
+    pub max_concurrent_requests: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -256,6 +289,13 @@ impl Default for GraphqlConfig {
             max_complexity: 20_000,
             default_page_size: 100,
             max_page_size: 1_000,
+            max_query_bytes: 16 * 1024,
+            max_aliases: 100,
+            max_fragment_spreads: 100,
+            max_fields: 2_000,
+            introspection_max_depth: 20,
+            introspection_max_cost: 2_000_000,
+            max_concurrent_requests: 32,
         }
     }
 }

@@ -1,7 +1,6 @@
 //! The HTTP surface: `/graphql` (POST for operations, GET for GraphiQL), `/healthz`,
 //! `/readyz` and `/metrics`, and behind them the dashboard's files at `/` ([`Dashboard`]).
 
-use async_graphql::http::GraphiQLSource;
 use async_graphql_axum::{GraphQLRequest, GraphQLResponse};
 use axum::Router;
 use axum::extract::State;
@@ -28,12 +27,14 @@ pub struct AppState {
     pub keys: Arc<TokenKeys>,
     pub services: Services,
     pub dashboard: Dashboard,
+    pub graphql: GraphqlExecutor,
 }
 
 /// The API routes, and the dashboard for every path they do not claim.
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/graphql", get(graphql_get).post(graphql))
+        .route("/graphql/assets/{file}", get(crate::graphiql::asset))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -154,14 +155,79 @@ async fn graphql(
     match state.keys.from_header(header) {
         Ok(principal) => {
             let response: GraphQLResponse = state
-                .schema
-                .execute(request.into_inner().data(principal))
+                .graphql
+                .execute(state.schema.clone(), request.into_inner().data(principal))
                 .await
                 .into();
             response.into_response()
         }
         Err(err) => unauthenticated(&err),
     }
+}
+
+/// Runs GraphQL operations over HTTP on threads of their own, at most
+/// `graphql.max_concurrent_requests` at a time.
+///
+/// async-graphql computes an answer in as few polls of its future as it can: the whole
+/// introspection answer (114 KB) is one poll, a page of 1,000 nodes another. On the runtime's
+/// workers, which also answer `/healthz`, `/readyz` and the gateway's daemons, each such poll
+/// held a worker; with two workers (the machines have two cores) four clients repeating
+/// graphql-js's introspection query stalled `/healthz` for 180 to 310 ms (debug build, on a
+/// machine loaded 9 deep), and the limits (`graphql::limits`) bound the cost of one query,
+/// not how many run. On blocking threads the same measured 33 to 80 ms. So each
+/// operation runs on a blocking-pool thread, driven by `Handle::block_on`: the kernel
+/// shares the cores between those threads and the workers, and the workers stay free.
+/// Its sockets and timers still belong to the one runtime, whose free workers drive them,
+/// so nothing waits on a busy thread of another runtime (a dedicated runtime for GraphQL
+/// would register database connections it opens with its own I/O driver, which the
+/// gateway's later use of the same pooled connection would then wait on).
+#[derive(Clone)]
+pub struct GraphqlExecutor {
+    permits: Arc<tokio::sync::Semaphore>,
+}
+
+impl GraphqlExecutor {
+    pub fn new(max_concurrent_requests: usize) -> GraphqlExecutor {
+        GraphqlExecutor {
+            permits: Arc::new(tokio::sync::Semaphore::new(max_concurrent_requests.max(1))),
+        }
+    }
+
+    /// Runs `request` once a permit is free. If the caller stops waiting (the client went
+    /// away), the operation is dropped at its next await.
+    pub async fn execute(
+        &self,
+        schema: AppSchema,
+        request: async_graphql::Request,
+    ) -> async_graphql::Response {
+        let Ok(permit) = self.permits.clone().acquire_owned().await else {
+            return internal_response(anyhow::anyhow!("the GraphQL permits were closed"));
+        };
+        let runtime = tokio::runtime::Handle::current();
+        // Dropped with this future: the operation then stops too.
+        let (_running, abandoned) = tokio::sync::oneshot::channel::<()>();
+        let operation = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            runtime.block_on(async move {
+                tokio::select! {
+                    response = schema.execute(request) => response,
+                    _ = abandoned => async_graphql::Response::default(),
+                }
+            })
+        });
+        match operation.await {
+            Ok(response) => response,
+            Err(err) => internal_response(anyhow::anyhow!("a GraphQL operation failed: {err}")),
+        }
+    }
+}
+
+/// `INTERNAL`, with the cause logged.
+fn internal_response(err: anyhow::Error) -> async_graphql::Response {
+    let err = async_graphql::Error::from(ApiError::internal(err));
+    let mut server_error = async_graphql::ServerError::new(err.message, None);
+    server_error.extensions = err.extensions;
+    async_graphql::Response::from_errors(vec![server_error])
 }
 
 fn unauthenticated(err: &ApiError) -> Response {
@@ -194,14 +260,7 @@ async fn graphql_get(State(state): State<AppState>, request: axum::extract::Requ
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
     if !wants_upgrade {
-        return Html(
-            GraphiQLSource::build()
-                .endpoint("/graphql")
-                .subscription_endpoint("/graphql")
-                .title("Better Compute GraphQL")
-                .finish(),
-        )
-        .into_response();
+        return crate::graphiql::page().into_response();
     }
     let protocol =
         match async_graphql_axum::GraphQLProtocol::from_request_parts(&mut parts, &state).await {

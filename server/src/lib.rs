@@ -7,6 +7,7 @@ pub mod controllers;
 pub mod error;
 pub mod feed;
 pub mod gateway;
+pub mod graphiql;
 pub mod graphql;
 pub mod http;
 pub mod pki;

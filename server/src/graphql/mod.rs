@@ -4,6 +4,7 @@
 //! [`crate::error::ApiError`]s with stable `extensions.code`s.
 
 pub mod inputs;
+pub mod limits;
 pub mod mutation;
 pub mod query;
 pub mod subscription;
@@ -25,20 +26,34 @@ pub fn build_schema(
     services: Option<(Services, Arc<crate::feed::Feed>)>,
     config: &GraphqlConfig,
 ) -> AppSchema {
+    schema_builder(services, config).finish()
+}
+
+fn schema_builder(
+    services: Option<(Services, Arc<crate::feed::Feed>)>,
+    config: &GraphqlConfig,
+) -> async_graphql::SchemaBuilder<
+    query::QueryRoot,
+    mutation::MutationRoot,
+    subscription::SubscriptionRoot,
+> {
     let mut builder = Schema::build(
         query::QueryRoot,
         mutation::MutationRoot,
         subscription::SubscriptionRoot,
     )
-    .limit_depth(config.max_depth)
+    // `limits::QueryLimits` holds plain fields to `max_depth` and introspection to its own,
+    // deeper limit before validation; this is the backstop for both.
+    .limit_depth(config.max_depth.max(config.introspection_max_depth))
     .limit_complexity(config.max_complexity)
+    .extension(limits::QueryLimits::new(config))
     .extension(crate::telemetry::GraphqlMetrics)
     .extension(ErrorCodes)
     .data(config.clone());
     if let Some((services, feed)) = services {
         builder = builder.data(services).data(feed);
     }
-    builder.finish()
+    builder
 }
 
 /// The SDL of the schema: what `schema.graphql` holds.

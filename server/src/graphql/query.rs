@@ -56,7 +56,7 @@ impl QueryRoot {
     }
 
     /// Nodes, ordered by id, filtered.
-    #[graphql(complexity = "first.unwrap_or(100).max(0) as usize * child_complexity")]
+    #[graphql(complexity = "first.unwrap_or(100).max(1) as usize * child_complexity")]
     async fn nodes(
         &self,
         ctx: &Context<'_>,
@@ -134,7 +134,7 @@ impl QueryRoot {
     }
 
     /// Commands, newest first.
-    #[graphql(complexity = "first.unwrap_or(100).max(0) as usize * child_complexity")]
+    #[graphql(complexity = "first.unwrap_or(100).max(1) as usize * child_complexity")]
     async fn commands(
         &self,
         ctx: &Context<'_>,

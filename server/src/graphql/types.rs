@@ -150,6 +150,9 @@ pub enum SchedulingCheck {
 /// A node as the API shows it (the seed's `NodeDetail`).
 pub struct NodeDetail(pub DomainNodeDetail);
 
+/// A machine of the fleet (the seed's `NodeDetail`): its independent state axes, the
+/// reasons it may not take work, and whether it is schedulable. Change it with the node
+/// mutations, passing the `version` you read.
 #[Object]
 impl NodeDetail {
     async fn id(&self) -> ID {
@@ -335,7 +338,7 @@ impl NodeDetail {
     }
     /// The node's history, newest first. `after` is the id of the last event of the previous
     /// page.
-    #[graphql(complexity = "first.unwrap_or(50).max(0) as usize * child_complexity")]
+    #[graphql(complexity = "first.unwrap_or(100).max(1) as usize * child_complexity")]
     async fn events(
         &self,
         ctx: &Context<'_>,
@@ -375,7 +378,7 @@ impl NodeDetail {
             .collect())
     }
     /// Commands sent to the node, newest first.
-    #[graphql(complexity = "first.unwrap_or(100).max(0) as usize * child_complexity")]
+    #[graphql(complexity = "first.unwrap_or(100).max(1) as usize * child_complexity")]
     async fn commands(
         &self,
         ctx: &Context<'_>,

@@ -429,12 +429,19 @@ fn assert_limited(response: &Gql, message: &str) {
 async fn query_depth_and_complexity_are_limited() {
     each_backend(async |s| {
         let token = s.token(Role::Viewer);
-        let at_limit = s.gql(Some(&token), &nested(12), json!({})).await;
+        // Introspection nests deeper than the API's own fields (graphql.introspection_max_depth).
+        let at_limit = s.gql(Some(&token), &nested(20), json!({})).await;
         assert!(at_limit.data()["__type"]["fields"][0]["type"].is_object());
-        let too_deep = s.gql(Some(&token), &nested(13), json!({})).await;
-        assert_limited(&too_deep, "Query is nested too deep.");
-        let far_too_deep = s.gql(Some(&token), &nested(20), json!({})).await;
-        assert_limited(&far_too_deep, "Query is nested too deep.");
+        let too_deep = s.gql(Some(&token), &nested(21), json!({})).await;
+        assert_limited(
+            &too_deep,
+            "the query nests introspection fields 21 deep; the limit (graphql.introspection_max_depth) is 20",
+        );
+        let far_too_deep = s.gql(Some(&token), &nested(40), json!({})).await;
+        assert_limited(
+            &far_too_deep,
+            "the query nests introspection fields 40 deep; the limit (graphql.introspection_max_depth) is 20",
+        );
 
         // `first` multiplies the cost of what is under it.
         let fine = s
