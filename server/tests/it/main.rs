@@ -13,6 +13,7 @@ mod lifecycle;
 mod liveness;
 mod node_mutations;
 mod node_queries;
+mod query_limits;
 mod schedulable_sql;
 mod schema;
 mod state_table;

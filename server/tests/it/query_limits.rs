@@ -12,10 +12,10 @@ use std::time::{Duration, Instant};
 
 /// graphql-js's `getIntrospectionQuery()` with every option on: what GraphiQL and codegen
 /// tools send.
-const INTROSPECTION_QUERY: &str = include_str!("fixtures/introspection-query.graphql");
+const INTROSPECTION_QUERY: &str = include_str!("../fixtures/introspection-query.graphql");
 
 /// The dashboard's operations, as `web/` sends them.
-const DASHBOARD_OPERATIONS: &str = include_str!("../../web/graphql/operations.graphql");
+const DASHBOARD_OPERATIONS: &str = include_str!("../../../web/graphql/operations.graphql");
 
 /// A query whose fragments each spread the next one twice: 1 KiB of text that expands to
 /// 2^`levels` copies of its innermost selection.
