@@ -1,5 +1,6 @@
-//! Starting and stopping a server: storage, migrations, schema, HTTP listener, graceful
-//! shutdown. `main` and the test harness both use this.
+//! Starting and stopping a server: storage, migrations, schema, the API listener (within
+//! its connection caps and timeouts, see `listener.rs`), the gateway, graceful shutdown.
+//! `main` and the test harness both use this.
 
 use bc_core::clock::Clock;
 use std::net::SocketAddr;
@@ -9,10 +10,11 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::auth::TokenKeys;
-use crate::config::Config;
+use crate::config::{Config, ConnectionCaps};
 use crate::controllers::{self, ControllerLoop};
 use crate::graphql::build_schema;
-use crate::http::{AppState, Dashboard, router};
+use crate::http::{AppState, Dashboard, ReservedConnection, router};
+use crate::listener::{ConnectionGate, accept_loop, serve_http};
 use crate::service::Services;
 
 /// A server that is accepting requests.
@@ -83,16 +85,32 @@ impl RunningServer {
 /// Connects to the database, runs pending migrations and starts listening.
 pub async fn start(config: &Config, clock: Arc<dyn Clock>) -> anyhow::Result<RunningServer> {
     config.liveness.validate()?;
+    config.auth.validate()?;
+    config.api.validate()?;
+    config
+        .gateway
+        .validate(config.liveness.heartbeat_interval_secs)?;
+    let open_files = crate::listener::open_file_limit();
+    let caps = ConnectionCaps::derive(config, open_files)?;
+    tracing::info!(
+        open_files,
+        api = caps.api,
+        api_per_peer = caps.api_per_peer,
+        api_admin_reserved = caps.api_admin_reserved,
+        gateway = caps.gateway,
+        gateway_per_peer = caps.gateway_per_peer,
+        "connection caps"
+    );
     let ca = Arc::new(crate::pki::Ca::load_or_create(
         &config.ca_dir(),
         clock.now(),
     )?);
     let services =
         Services::connect(&config.database_url(), &config.database, clock.clone(), ca).await?;
-    let keys = Arc::new(TokenKeys::new(
-        &config.jwt_secret()?,
-        &config.auth.audience,
-    )?);
+    let keys = Arc::new(
+        TokenKeys::new(&config.jwt_secret()?, &config.auth.audience)?
+            .with_leeway(config.auth.leeway_secs),
+    );
     let (feed_stop, feed_stopped) = tokio::sync::watch::channel(false);
     let feed = crate::feed::Feed::start(services.clone(), feed_stopped.clone()).await?;
     let gateway_feed = feed.clone();
@@ -116,14 +134,32 @@ pub async fn start(config: &Config, clock: Arc<dyn Clock>) -> anyhow::Result<Run
         services: services.clone(),
         dashboard,
         graphql: crate::http::GraphqlExecutor::new(config.graphql.max_concurrent_requests),
+        limits: Arc::new(config.api.clone()),
     });
     let (tx, rx) = oneshot::channel::<()>();
+    let gate = ConnectionGate::new("api", caps.api, caps.api_per_peer, caps.api_admin_reserved);
+    let header_timeout = config.api.header_timeout();
+    let stop = async move {
+        let _ = rx.await;
+    };
     let task = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = rx.await;
-            })
-            .await
+        accept_loop(listener, gate, stop, move |socket, _peer, stop| {
+            let app = app.clone();
+            async move {
+                let reserved = socket.admission().is_reserved();
+                let service = hyper::service::service_fn(
+                    move |mut request: axum::http::Request<hyper::body::Incoming>| {
+                        if reserved {
+                            request.extensions_mut().insert(ReservedConnection);
+                        }
+                        tower::ServiceExt::oneshot(app.clone(), request)
+                    },
+                );
+                serve_http("api", socket, service, header_timeout, stop).await;
+            }
+        })
+        .await;
+        Ok(())
     });
     let controllers = config
         .liveness
@@ -131,6 +167,7 @@ pub async fn start(config: &Config, clock: Arc<dyn Clock>) -> anyhow::Result<Run
         .then(|| controllers::spawn(services.clone(), config.liveness.clone()));
     let gateway = crate::gateway::Gateway::start(
         &config.gateway,
+        (caps.gateway, caps.gateway_per_peer),
         services.clone(),
         gateway_feed,
         config.liveness.heartbeat_interval(),

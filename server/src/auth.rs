@@ -1,8 +1,11 @@
 //! Who is calling: JWT bearer tokens for people and agents.
 //!
 //! Tokens are HS256-signed with the configured secret and carry the subject, roles and an
-//! optional tenant. The server checks signature, expiry and audience; a token that fails any
-//! of them is `UNAUTHENTICATED`.
+//! optional tenant. The server checks signature, audience, expiry (to the second), and that
+//! neither `nbf` nor `iat` lies in the future beyond a small leeway; a token that fails any
+//! of them is `UNAUTHENTICATED`. Time is the server's injected clock, so tests move it.
+//! A principal's expiry holds for as long as it is used: every operation checks it
+//! ([`Principal::check_live`]), and a subscription socket is closed when it passes.
 
 use bc_core::Actor;
 use bc_core::ids::TenantId;
@@ -46,6 +49,9 @@ pub struct Claims {
     pub aud: String,
     pub iat: i64,
     pub exp: i64,
+    /// Not valid before this (seconds since the epoch), when present.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nbf: Option<i64>,
     pub roles: Vec<Role>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,
@@ -89,6 +95,17 @@ impl Principal {
         }
     }
 
+    /// `UNAUTHENTICATED` once the token has expired: `now` is at or past its `exp`.
+    pub fn check_live(&self, now: DateTime<Utc>) -> Result<(), ApiError> {
+        if now < self.expires_at {
+            Ok(())
+        } else {
+            Err(ApiError::Unauthenticated(
+                "the token expired; sign in again".into(),
+            ))
+        }
+    }
+
     /// Whether the principal may see something owned by `owner` (`None`: the platform's).
     pub fn can_see(&self, owner: Option<&TenantId>) -> bool {
         match &self.tenant {
@@ -105,10 +122,14 @@ pub struct TokenKeys {
     decoding: DecodingKey,
     validation: Validation,
     audience: String,
+    /// How far `nbf` and `iat` may lie ahead of the server's clock.
+    leeway: Duration,
 }
 
 /// The shortest secret we accept: HS256 is only as strong as its key.
 pub const MIN_SECRET_LEN: usize = 32;
+/// `nbf` and `iat` leeway unless configured (`auth.leeway_secs`).
+const DEFAULT_LEEWAY_SECS: i64 = crate::config::DEFAULT_AUTH_LEEWAY_SECS as i64;
 
 impl TokenKeys {
     pub fn new(secret: &[u8], audience: &str) -> anyhow::Result<Self> {
@@ -119,14 +140,24 @@ impl TokenKeys {
         let mut validation = Validation::new(Algorithm::HS256);
         validation.set_audience(&[audience]);
         validation.set_required_spec_claims(&["exp", "aud", "sub"]);
-        // Expiry is checked to the second: a token is dead when it says it is.
+        // jsonwebtoken reads the system clock and has no `iat` check: `exp`, `nbf` and
+        // `iat` are checked in `verify` against the server's clock instead.
+        validation.validate_exp = false;
+        validation.validate_nbf = false;
         validation.leeway = 0;
         Ok(TokenKeys {
             encoding: EncodingKey::from_secret(secret)?,
             decoding: DecodingKey::from_secret(secret)?,
             validation,
             audience: audience.to_owned(),
+            leeway: Duration::seconds(DEFAULT_LEEWAY_SECS),
         })
+    }
+
+    /// The leeway for `nbf` and `iat` (`auth.leeway_secs`).
+    pub fn with_leeway(mut self, leeway_secs: u64) -> TokenKeys {
+        self.leeway = Duration::seconds(i64::try_from(leeway_secs).unwrap_or(i64::MAX));
+        self
     }
 
     /// Mints a token (the `token` CLI subcommand, the dev command, tests).
@@ -143,6 +174,7 @@ impl TokenKeys {
             aud: self.audience.clone(),
             iat: now.timestamp(),
             exp: (now + ttl).timestamp(),
+            nbf: None,
             roles: roles.to_vec(),
             tenant: tenant.map(|t| t.to_string()),
         };
@@ -153,11 +185,29 @@ impl TokenKeys {
         )?)
     }
 
-    /// Verifies a bearer token and turns it into a principal.
-    pub fn verify(&self, token: &str) -> Result<Principal, ApiError> {
+    /// Verifies a bearer token at `now` and turns it into a principal.
+    pub fn verify(&self, token: &str, now: DateTime<Utc>) -> Result<Principal, ApiError> {
         let data = jsonwebtoken::decode::<Claims>(token, &self.decoding, &self.validation)
             .map_err(|err| ApiError::Unauthenticated(format!("invalid token: {err}")))?;
         let claims = data.claims;
+        let now_secs = now.timestamp();
+        let ahead = self.leeway.num_seconds();
+        if now_secs >= claims.exp {
+            return Err(ApiError::Unauthenticated("the token expired".into()));
+        }
+        if claims
+            .nbf
+            .is_some_and(|nbf| nbf > now_secs.saturating_add(ahead))
+        {
+            return Err(ApiError::Unauthenticated(
+                "the token is not valid yet (nbf)".into(),
+            ));
+        }
+        if claims.iat > now_secs.saturating_add(ahead) {
+            return Err(ApiError::Unauthenticated(
+                "the token is issued in the future (iat)".into(),
+            ));
+        }
         let role = claims
             .roles
             .iter()
@@ -183,8 +233,12 @@ impl TokenKeys {
         })
     }
 
-    /// Reads `Authorization: Bearer <token>`.
-    pub fn from_header(&self, header: Option<&str>) -> Result<Principal, ApiError> {
+    /// Reads `Authorization: Bearer <token>` and verifies it at `now`.
+    pub fn from_header(
+        &self,
+        header: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<Principal, ApiError> {
         let header = header.ok_or_else(|| {
             ApiError::Unauthenticated("missing Authorization: Bearer token".into())
         })?;
@@ -194,7 +248,7 @@ impl TokenKeys {
             .ok_or_else(|| {
                 ApiError::Unauthenticated("the Authorization header is not a Bearer token".into())
             })?;
-        self.verify(token.trim())
+        self.verify(token.trim(), now)
     }
 }
 
@@ -219,7 +273,7 @@ mod tests {
                 now,
             )
             .expect("mints");
-        let principal = keys().verify(&token).expect("valid");
+        let principal = keys().verify(&token, now).expect("valid");
         assert_eq!(principal.role, Role::Operator);
         assert_eq!(principal.tenant, Some(tenant));
         assert!(principal.require(Role::Admin).is_err());
@@ -232,7 +286,7 @@ mod tests {
             .mint("a", &[Role::Admin], None, Duration::seconds(-10), now)
             .expect("mints");
         assert!(matches!(
-            keys().verify(&expired),
+            keys().verify(&expired, now),
             Err(ApiError::Unauthenticated(_))
         ));
 
@@ -241,7 +295,7 @@ mod tests {
             .mint("a", &[Role::Admin], None, Duration::hours(1), now)
             .expect("mints");
         assert!(matches!(
-            keys().verify(&forged),
+            keys().verify(&forged, now),
             Err(ApiError::Unauthenticated(_))
         ));
 
@@ -250,7 +304,7 @@ mod tests {
             .mint("a", &[Role::Admin], None, Duration::hours(1), now)
             .expect("mints");
         assert!(matches!(
-            keys().verify(&other_audience),
+            keys().verify(&other_audience, now),
             Err(ApiError::Unauthenticated(_))
         ));
 
@@ -258,17 +312,69 @@ mod tests {
             .mint("a", &[], None, Duration::hours(1), now)
             .expect("mints");
         assert!(matches!(
-            keys().verify(&no_roles),
+            keys().verify(&no_roles, now),
             Err(ApiError::Unauthenticated(_))
         ));
         assert!(matches!(
-            keys().from_header(Some("Basic abc")),
+            keys().from_header(Some("Basic abc"), now),
             Err(ApiError::Unauthenticated(_))
         ));
         assert!(matches!(
-            keys().from_header(None),
+            keys().from_header(None, now),
             Err(ApiError::Unauthenticated(_))
         ));
+    }
+
+    /// Signs `claims` as the server would.
+    fn signed(claims: &serde_json::Value) -> String {
+        jsonwebtoken::encode(
+            &Header::new(Algorithm::HS256),
+            claims,
+            &EncodingKey::from_secret(&[7u8; 32]).expect("a key"),
+        )
+        .expect("signs")
+    }
+
+    #[test]
+    fn expiry_nbf_and_iat_are_checked_against_the_given_time() {
+        let now = Utc::now();
+        let t = now.timestamp();
+        let claims = |iat: i64, exp: i64, nbf: Option<i64>| {
+            let mut c = serde_json::json!({
+                "sub": "a", "aud": "better-compute", "iat": iat, "exp": exp, "roles": ["admin"],
+            });
+            if let Some(nbf) = nbf {
+                c["nbf"] = nbf.into();
+            }
+            signed(&c)
+        };
+        let keys = keys().with_leeway(30);
+        assert!(keys.verify(&claims(t, t + 60, None), now).is_ok());
+        // `exp` has no leeway: dead at the second it names.
+        assert!(keys.verify(&claims(t - 60, t, None), now).is_err());
+        let principal = keys
+            .verify(&claims(t, t + 60, None), now)
+            .expect("valid now");
+        assert!(principal.check_live(now).is_ok());
+        assert!(principal.check_live(now + Duration::seconds(60)).is_err());
+        // `nbf` and `iat` may lie ahead by the leeway, not more.
+        assert!(keys.verify(&claims(t, t + 600, Some(t + 30)), now).is_ok());
+        assert!(keys.verify(&claims(t, t + 600, Some(t + 31)), now).is_err());
+        assert!(keys.verify(&claims(t + 30, t + 600, None), now).is_ok());
+        assert!(keys.verify(&claims(t + 31, t + 600, None), now).is_err());
+        // Once `nbf` has passed the token is good.
+        assert!(
+            keys.verify(
+                &claims(t, t + 600, Some(t + 300)),
+                now + Duration::seconds(300)
+            )
+            .is_ok()
+        );
+        // Time is the caller's: the same token is expired later on.
+        assert!(
+            keys.verify(&claims(t, t + 60, None), now + Duration::seconds(61))
+                .is_err()
+        );
     }
 
     #[test]

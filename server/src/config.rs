@@ -26,6 +26,7 @@ pub struct Config {
     pub log: LogConfig,
     pub liveness: LivenessConfig,
     pub gateway: GatewayConfig,
+    pub api: ApiConfig,
 }
 
 /// Where `scripts/build-web` writes the dashboard, relative to the repository root: the
@@ -50,7 +51,28 @@ pub struct AuthConfig {
     pub jwt_secret: Option<String>,
     /// The `aud` claim every token must carry.
     pub audience: String,
+    /// How far a token's `nbf` (not before) and `iat` (issued at) may lie in the future:
+    /// the clocks of whoever mints tokens and of this server differ by a little, never by
+    /// minutes. `exp` gets no leeway: a token is dead when it says it is.
+    pub leeway_secs: u64,
 }
+
+/// The largest `auth.leeway_secs` accepted: more would let future-dated tokens in.
+pub const MAX_AUTH_LEEWAY_SECS: u64 = 3600;
+
+impl AuthConfig {
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.leeway_secs <= MAX_AUTH_LEEWAY_SECS,
+            "auth.leeway_secs must be at most {MAX_AUTH_LEEWAY_SECS}"
+        );
+        Ok(())
+    }
+}
+
+/// Tolerates a minting machine's clock half a minute ahead of ours; NTP keeps real clocks
+/// within a second, so anything further ahead is a forged or broken token.
+pub const DEFAULT_AUTH_LEEWAY_SECS: u64 = 30;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -245,6 +267,7 @@ impl Default for Config {
             log: LogConfig::default(),
             gateway: GatewayConfig::default(),
             liveness: LivenessConfig::default(),
+            api: ApiConfig::default(),
         }
     }
 }
@@ -278,6 +301,7 @@ impl Default for AuthConfig {
         AuthConfig {
             jwt_secret: None,
             audience: "better-compute".to_owned(),
+            leeway_secs: DEFAULT_AUTH_LEEWAY_SECS,
         }
     }
 }
@@ -398,7 +422,44 @@ pub struct GatewayConfig {
     pub ca_dir: Option<PathBuf>,
     /// This gateway's id in session rows. Unset: `gw-<random>` per process start.
     pub gateway_id: Option<String>,
+    /// Most connections open at once; one over it is closed at accept. Every daemon holds
+    /// one, so this bounds the fleet one process serves. Unset: 90 % of the open files the
+    /// API's share leaves (see [`ConnectionCaps::derive`]).
+    pub max_connections: Option<usize>,
+    /// Most connections one peer address may hold. Unset: `max_connections`, because a
+    /// site behind one NAT address legitimately holds thousands of sessions; lower it where
+    /// daemons have addresses of their own.
+    pub max_connections_per_peer: Option<usize>,
+    /// A TLS handshake not finished within this is dropped: a peer that connects and says
+    /// nothing must not hold a socket.
+    pub tls_handshake_timeout_secs: u64,
+    /// A request's headers must arrive within this of the gateway starting to wait for them
+    /// (this also closes keep-alive connections idle between requests).
+    pub header_timeout_secs: u64,
+    /// A request body (a join or renewal) must arrive whole within this.
+    pub body_timeout_secs: u64,
+    /// A connection on which nothing was read or written for this long is closed, sessions
+    /// included: a daemon heartbeats every `liveness.heartbeat_interval_secs`, so a silent
+    /// connection is a dead peer (a machine that lost power leaves its TCP half open).
+    pub idle_timeout_secs: u64,
+    /// The largest join or renewal body (JSON with a CSR and the machine's identifiers).
+    pub max_body_bytes: usize,
 }
+
+/// Ten seconds is an age for a TLS handshake on any network a daemon uses, and short enough
+/// that silent connections cannot pile up faster than they are dropped.
+pub const DEFAULT_TLS_HANDSHAKE_TIMEOUT_SECS: u64 = 10;
+/// Headers are a few hundred bytes; ten seconds covers the slowest link and starves
+/// slowloris clients that trickle them.
+pub const DEFAULT_HEADER_TIMEOUT_SECS: u64 = 10;
+/// A join body is a few KiB; half a minute covers a 1 MiB API body on a slow link too.
+pub const DEFAULT_BODY_TIMEOUT_SECS: u64 = 30;
+/// Nine missed heartbeats at the default interval: long after Liveness has called the node
+/// `unreachable` (40 s), well before its dead socket would otherwise live on for hours.
+pub const DEFAULT_GATEWAY_IDLE_TIMEOUT_SECS: u64 = 90;
+/// A join is a CSR (under 1 KiB) and a few identifiers, one per network interface: 16 KiB
+/// is ten times a large machine's, and bounds what unauthenticated peers make us buffer.
+pub const DEFAULT_GATEWAY_MAX_BODY_BYTES: usize = 16 * 1024;
 
 impl Default for GatewayConfig {
     fn default() -> Self {
@@ -407,7 +468,235 @@ impl Default for GatewayConfig {
             hostnames: vec!["localhost".to_owned(), "127.0.0.1".to_owned()],
             ca_dir: None,
             gateway_id: None,
+            max_connections: None,
+            max_connections_per_peer: None,
+            tls_handshake_timeout_secs: DEFAULT_TLS_HANDSHAKE_TIMEOUT_SECS,
+            header_timeout_secs: DEFAULT_HEADER_TIMEOUT_SECS,
+            body_timeout_secs: DEFAULT_BODY_TIMEOUT_SECS,
+            idle_timeout_secs: DEFAULT_GATEWAY_IDLE_TIMEOUT_SECS,
+            max_body_bytes: DEFAULT_GATEWAY_MAX_BODY_BYTES,
         }
+    }
+}
+
+/// `[api]`: what the API listener (`listen`) lets one connection, peer and request hold.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ApiConfig {
+    /// Most connections open at once, the admin reserve included; one over it is closed at
+    /// accept. Unset: a tenth of the process's open-file limit (see
+    /// [`ConnectionCaps::derive`]).
+    pub max_connections: Option<usize>,
+    /// Most connections one peer address may hold, so that one address cannot fill the
+    /// listener. Unset: a quarter of `max_connections`.
+    pub max_connections_per_peer: Option<usize>,
+    /// Of `max_connections`, this many are kept for platform admins: when the rest are
+    /// taken, a new connection may take one of these, but only requests bearing a platform
+    /// admin's token are served on it (others are answered 503 and the connection closed),
+    /// at most one per peer address. So an operator gets in while the listener is full.
+    pub admin_reserved_connections: usize,
+    /// A request's headers must arrive within this of the server starting to wait for
+    /// them; the same timer closes keep-alive connections idle between requests.
+    pub header_timeout_secs: u64,
+    /// A request body must arrive whole within this.
+    pub body_timeout_secs: u64,
+    /// The largest request body (a GraphQL operation with its variables).
+    pub max_body_bytes: usize,
+    /// A subscription socket must send `connection_init` within this of the upgrade, or
+    /// it is closed with 4408.
+    pub ws_init_timeout_secs: u64,
+    /// The server pings every subscription socket this often.
+    pub ws_ping_interval_secs: u64,
+    /// A subscription socket that sends nothing (not even the pong) for this long after a
+    /// ping is closed with 3008: its peer is gone.
+    pub ws_pong_timeout_secs: u64,
+}
+
+/// Kept for platform admins: a handful of requests at a time is all an operator needs to
+/// look around and act while the listener is under attack.
+pub const DEFAULT_ADMIN_RESERVED_CONNECTIONS: usize = 8;
+/// 1 MiB: the largest operation the dashboard or an agent sends is a few KiB; a
+/// `sendCommand` to a thousand nodes by id is about 40 KiB.
+pub const DEFAULT_API_MAX_BODY_BYTES: usize = 1024 * 1024;
+/// The `graphql-ws` library sends `connection_init` at once; ten seconds is generous.
+pub const DEFAULT_WS_INIT_TIMEOUT_SECS: u64 = 10;
+/// Half a minute: idle subscription sockets cost one small frame each way per interval, and
+/// NAT and proxy idle timers (often 60 s) never see a silent connection.
+pub const DEFAULT_WS_PING_INTERVAL_SECS: u64 = 30;
+/// Browsers and WebSocket libraries answer a ping at once; twenty seconds covers a peer
+/// busy with a burst of events.
+pub const DEFAULT_WS_PONG_TIMEOUT_SECS: u64 = 20;
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        ApiConfig {
+            max_connections: None,
+            max_connections_per_peer: None,
+            admin_reserved_connections: DEFAULT_ADMIN_RESERVED_CONNECTIONS,
+            header_timeout_secs: DEFAULT_HEADER_TIMEOUT_SECS,
+            body_timeout_secs: DEFAULT_BODY_TIMEOUT_SECS,
+            max_body_bytes: DEFAULT_API_MAX_BODY_BYTES,
+            ws_init_timeout_secs: DEFAULT_WS_INIT_TIMEOUT_SECS,
+            ws_ping_interval_secs: DEFAULT_WS_PING_INTERVAL_SECS,
+            ws_pong_timeout_secs: DEFAULT_WS_PONG_TIMEOUT_SECS,
+        }
+    }
+}
+
+impl ApiConfig {
+    pub fn header_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.header_timeout_secs)
+    }
+
+    pub fn body_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.body_timeout_secs)
+    }
+
+    pub fn ws_init_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.ws_init_timeout_secs)
+    }
+
+    pub fn ws_ping_interval(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.ws_ping_interval_secs)
+    }
+
+    pub fn ws_pong_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.ws_pong_timeout_secs)
+    }
+
+    /// Refuses a zero timeout or size, which would refuse every connection or request.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        for (key, value) in [
+            ("header_timeout_secs", self.header_timeout_secs),
+            ("body_timeout_secs", self.body_timeout_secs),
+            ("ws_init_timeout_secs", self.ws_init_timeout_secs),
+            ("ws_ping_interval_secs", self.ws_ping_interval_secs),
+            ("ws_pong_timeout_secs", self.ws_pong_timeout_secs),
+        ] {
+            anyhow::ensure!(
+                (1..=MAX_DURATION_SECS).contains(&value),
+                "api.{key} must be between 1 and {MAX_DURATION_SECS}"
+            );
+        }
+        anyhow::ensure!(
+            self.max_body_bytes > 0,
+            "api.max_body_bytes must be at least 1"
+        );
+        Ok(())
+    }
+}
+
+impl GatewayConfig {
+    pub fn tls_handshake_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.tls_handshake_timeout_secs)
+    }
+
+    pub fn header_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.header_timeout_secs)
+    }
+
+    pub fn body_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.body_timeout_secs)
+    }
+
+    pub fn idle_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.idle_timeout_secs)
+    }
+
+    /// Refuses a zero timeout or size, and an idle timeout that healthy sessions would hit
+    /// between two heartbeats.
+    pub fn validate(&self, heartbeat_interval_secs: u64) -> anyhow::Result<()> {
+        for (key, value) in [
+            (
+                "tls_handshake_timeout_secs",
+                self.tls_handshake_timeout_secs,
+            ),
+            ("header_timeout_secs", self.header_timeout_secs),
+            ("body_timeout_secs", self.body_timeout_secs),
+            ("idle_timeout_secs", self.idle_timeout_secs),
+        ] {
+            anyhow::ensure!(
+                (1..=MAX_DURATION_SECS).contains(&value),
+                "gateway.{key} must be between 1 and {MAX_DURATION_SECS}"
+            );
+        }
+        anyhow::ensure!(
+            self.idle_timeout_secs > 2 * heartbeat_interval_secs,
+            "gateway.idle_timeout_secs ({}) must be more than twice \
+             liveness.heartbeat_interval_secs ({heartbeat_interval_secs}), or healthy sessions \
+             are closed between heartbeats",
+            self.idle_timeout_secs
+        );
+        anyhow::ensure!(
+            self.max_body_bytes > 0,
+            "gateway.max_body_bytes must be at least 1"
+        );
+        Ok(())
+    }
+}
+
+/// The connection caps of both listeners, as they apply to this process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionCaps {
+    pub api: usize,
+    pub api_per_peer: usize,
+    pub api_admin_reserved: usize,
+    pub gateway: usize,
+    pub gateway_per_peer: usize,
+}
+
+/// The API's share of the open-file limit when `api.max_connections` is unset: people,
+/// agents and dashboard tabs are few next to a fleet's daemons.
+pub const API_SHARE_OF_OPEN_FILES: f64 = 0.1;
+/// The gateway's share of the open files the API leaves, when `gateway.max_connections` is
+/// unset. The last 10 % stay for everything else a process holds: the database pool, the
+/// SQLite files, the dashboard's files while they are served, logs, outgoing connections.
+pub const GATEWAY_SHARE_OF_REMAINING_FILES: f64 = 0.9;
+/// When unset, one peer address may hold this share of the API's connections.
+pub const API_PER_PEER_SHARE: f64 = 0.25;
+
+impl ConnectionCaps {
+    /// The caps `config` sets, with the unset ones derived from `open_file_limit` (the
+    /// process's soft `RLIMIT_NOFILE` at start): the API gets a tenth, the gateway 90 % of
+    /// the rest. At the 20,000 files of our machines: API 2,000 (500 per address), gateway
+    /// 16,200, leaving 1,800 for the rest of the process.
+    pub fn derive(config: &Config, open_file_limit: u64) -> anyhow::Result<ConnectionCaps> {
+        let limit = usize::try_from(open_file_limit).unwrap_or(usize::MAX);
+        let share = |of: usize, share: f64| ((of as f64) * share) as usize;
+        let api = config
+            .api
+            .max_connections
+            .unwrap_or_else(|| share(limit, API_SHARE_OF_OPEN_FILES).max(1));
+        let api_per_peer = config
+            .api
+            .max_connections_per_peer
+            .unwrap_or_else(|| share(api, API_PER_PEER_SHARE).max(1))
+            .min(api);
+        let gateway = config.gateway.max_connections.unwrap_or_else(|| {
+            share(limit.saturating_sub(api), GATEWAY_SHARE_OF_REMAINING_FILES).max(1)
+        });
+        let gateway_per_peer = config
+            .gateway
+            .max_connections_per_peer
+            .unwrap_or(gateway)
+            .min(gateway);
+        anyhow::ensure!(
+            api > 0 && gateway > 0 && api_per_peer > 0 && gateway_per_peer > 0,
+            "api.max_connections, gateway.max_connections and their _per_peer limits must be \
+             at least 1"
+        );
+        anyhow::ensure!(
+            config.api.admin_reserved_connections < api,
+            "api.admin_reserved_connections ({}) must be less than api.max_connections ({api})",
+            config.api.admin_reserved_connections
+        );
+        Ok(ConnectionCaps {
+            api,
+            api_per_peer,
+            api_admin_reserved: config.api.admin_reserved_connections,
+            gateway,
+            gateway_per_peer,
+        })
     }
 }
 
@@ -459,6 +748,87 @@ mod tests {
             assert!(Config::load(Some(Path::new("bc.toml"))).is_err());
             Ok(())
         });
+    }
+
+    #[test]
+    fn connection_caps_derive_from_the_open_file_limit_unless_set() {
+        let caps = ConnectionCaps::derive(&Config::default(), 20_000).expect("caps");
+        assert_eq!(
+            caps,
+            ConnectionCaps {
+                api: 2_000,
+                api_per_peer: 500,
+                api_admin_reserved: DEFAULT_ADMIN_RESERVED_CONNECTIONS,
+                gateway: 16_200,
+                gateway_per_peer: 16_200,
+            }
+        );
+        let mut config = Config::default();
+        config.api.max_connections = Some(50);
+        config.api.max_connections_per_peer = Some(500);
+        config.gateway.max_connections = Some(100);
+        config.gateway.max_connections_per_peer = Some(10);
+        let caps = ConnectionCaps::derive(&config, 20_000).expect("caps");
+        assert_eq!(
+            (
+                caps.api,
+                caps.api_per_peer,
+                caps.gateway,
+                caps.gateway_per_peer
+            ),
+            (50, 50, 100, 10),
+            "a per-peer cap above its listener's is the listener's"
+        );
+        config.api.admin_reserved_connections = 50;
+        assert!(ConnectionCaps::derive(&config, 20_000).is_err());
+        config.api.admin_reserved_connections = 0;
+        config.api.max_connections = Some(0);
+        assert!(ConnectionCaps::derive(&config, 20_000).is_err());
+    }
+
+    #[test]
+    fn listener_limits_load_and_are_checked() {
+        assert!(ApiConfig::default().validate().is_ok());
+        assert!(
+            GatewayConfig::default()
+                .validate(DEFAULT_HEARTBEAT_INTERVAL_SECS)
+                .is_ok()
+        );
+        figment::Jail::expect_with(|jail| {
+            jail.create_file(
+                "bc.toml",
+                "[api]\nmax_connections = 300\nws_ping_interval_secs = 5\n[gateway]\nidle_timeout_secs = 60\n",
+            )?;
+            jail.set_env("BC_API__MAX_BODY_BYTES", "65536");
+            jail.set_env("BC_AUTH__LEEWAY_SECS", "5");
+            let config = Config::load(Some(Path::new("bc.toml"))).map_err(|e| e.to_string())?;
+            assert_eq!(config.api.max_connections, Some(300));
+            assert_eq!(config.api.max_body_bytes, 65_536);
+            assert_eq!(config.api.ws_ping_interval_secs, 5);
+            assert_eq!(config.api.header_timeout_secs, DEFAULT_HEADER_TIMEOUT_SECS);
+            assert_eq!(config.gateway.idle_timeout_secs, 60);
+            assert_eq!(config.gateway.max_connections, None);
+            assert_eq!(config.auth.leeway_secs, 5);
+            Ok(())
+        });
+        let api = ApiConfig {
+            ws_pong_timeout_secs: 0,
+            ..ApiConfig::default()
+        };
+        assert!(api.validate().is_err());
+        let gateway = GatewayConfig {
+            idle_timeout_secs: 2 * DEFAULT_HEARTBEAT_INTERVAL_SECS,
+            ..GatewayConfig::default()
+        };
+        assert!(
+            gateway.validate(DEFAULT_HEARTBEAT_INTERVAL_SECS).is_err(),
+            "an idle timeout healthy sessions would hit"
+        );
+        let auth = AuthConfig {
+            leeway_secs: MAX_AUTH_LEEWAY_SECS + 1,
+            ..AuthConfig::default()
+        };
+        assert!(auth.validate().is_err());
     }
 
     #[test]

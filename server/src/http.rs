@@ -3,17 +3,19 @@
 
 use async_graphql_axum::{GraphQLRequest, GraphQLResponse};
 use axum::Router;
-use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::extract::{DefaultBodyLimit, FromRequest, State};
+use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tower::ServiceExt;
 use tower_http::services::{ServeDir, ServeFile};
+use tower_http::timeout::RequestBodyDeadlineLayer;
 use tower_http::trace::TraceLayer;
 
 use crate::auth::TokenKeys;
+use crate::config::ApiConfig;
 use crate::error::ApiError;
 use crate::graphql::AppSchema;
 use crate::service::Services;
@@ -28,9 +30,14 @@ pub struct AppState {
     pub services: Services,
     pub dashboard: Dashboard,
     pub graphql: GraphqlExecutor,
+    /// The listener's limits (`[api]`): body size and time, subscription socket timers.
+    pub limits: Arc<ApiConfig>,
 }
 
-/// The API routes, and the dashboard for every path they do not claim.
+/// The API routes, and the dashboard for every path they do not claim. Bodies are bounded
+/// in size (`api.max_body_bytes`, enforced while reading) and in time
+/// (`api.body_timeout_secs`); a request on a connection from the admin reserve is served
+/// only for a platform admin ([`reserve_guard`]).
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/graphql", get(graphql_get).post(graphql))
@@ -39,8 +46,68 @@ pub fn router(state: AppState) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .fallback(dashboard)
+        .layer(DefaultBodyLimit::max(state.limits.max_body_bytes))
+        .layer(RequestBodyDeadlineLayer::new(state.limits.body_timeout()))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            reserve_guard,
+        ))
         .layer(TraceLayer::new_for_http())
         .with_state(state)
+}
+
+/// Set on the requests of a connection that holds one of the API listener's reserved
+/// slots (`api.admin_reserved_connections`, see `listener::ConnectionGate`).
+#[derive(Debug, Clone, Copy)]
+pub struct ReservedConnection;
+
+/// On a reserved connection, serves only requests that bear a platform admin's token: the
+/// reserve exists so that an operator gets in while the listener is full, and anyone else
+/// is told to come back (503, and the connection is closed to free the slot).
+async fn reserve_guard(
+    State(state): State<AppState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if request.extensions().get::<ReservedConnection>().is_none() {
+        return next.run(request).await;
+    }
+    let header = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    let admitted = state
+        .keys
+        .from_header(header, state.services.clock.now())
+        .and_then(|principal| principal.require_platform_admin());
+    match admitted {
+        Ok(()) => {
+            metrics::counter!("bc_admin_reserve_requests_total", "outcome" => "served")
+                .increment(1);
+            next.run(request).await
+        }
+        Err(err) => {
+            metrics::counter!("bc_admin_reserve_requests_total", "outcome" => "refused")
+                .increment(1);
+            let err = match err {
+                ApiError::Unauthenticated(_) => ApiError::Unauthenticated(
+                    "the server is at its connection limit: only platform admins are served \
+                     until connections free up; retry shortly"
+                        .into(),
+                ),
+                _ => ApiError::Forbidden(
+                    "the server is at its connection limit: only platform admins are served \
+                     until connections free up; retry shortly"
+                        .into(),
+                ),
+            };
+            let mut response = error_response(StatusCode::SERVICE_UNAVAILABLE, &err);
+            let headers = response.headers_mut();
+            headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+            headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            response
+        }
+    }
 }
 
 /// The dashboard: the files `scripts/build-web` writes into `dashboard_dir`, served with their
@@ -142,27 +209,69 @@ async fn dashboard(State(state): State<AppState>, request: axum::extract::Reques
     response
 }
 
-/// Runs one GraphQL operation for the caller named by the bearer token. A request without a
-/// valid token is answered 401 with the same error shape as any GraphQL error.
-async fn graphql(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    request: GraphQLRequest,
-) -> Response {
-    let header = headers
+/// Runs one GraphQL operation for the caller named by the bearer token. The token is
+/// checked before a byte of the body is read: a request without a valid one is answered 401
+/// (the same error shape as any GraphQL error) whatever it carries. A body larger than
+/// `api.max_body_bytes` is refused with 413, from its `Content-Length` before reading or
+/// while reading one without.
+async fn graphql(State(state): State<AppState>, request: axum::extract::Request) -> Response {
+    let header = request
+        .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    match state.keys.from_header(header) {
-        Ok(principal) => {
-            let response: GraphQLResponse = state
-                .graphql
-                .execute(state.schema.clone(), request.into_inner().data(principal))
-                .await
-                .into();
-            response.into_response()
-        }
-        Err(err) => unauthenticated(&err),
+    let principal = match state.keys.from_header(header, state.services.clock.now()) {
+        Ok(principal) => principal,
+        Err(err) => return unauthenticated(&err),
+    };
+    let limit = state.limits.max_body_bytes;
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > limit as u64) {
+        return body_too_large(limit);
     }
+    let (parts, body) = request.into_parts();
+    let body = axum::extract::Request::from_parts(parts.clone(), body);
+    let bytes = match axum::body::Bytes::from_request(body, &state).await {
+        Ok(bytes) => bytes,
+        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            return body_too_large(limit);
+        }
+        Err(rejection) => {
+            return error_response(
+                StatusCode::BAD_REQUEST,
+                &ApiError::BadUserInput(format!(
+                    "the request body could not be read: {}",
+                    rejection.body_text()
+                )),
+            );
+        }
+    };
+    let request = axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes));
+    let request =
+        match GraphQLRequest::<async_graphql_axum::rejection::GraphQLRejection>::from_request(
+            request, &state,
+        )
+        .await
+        {
+            Ok(request) => request,
+            Err(rejection) => return rejection.into_response(),
+        };
+    let response: GraphQLResponse = state
+        .graphql
+        .execute(state.schema.clone(), request.into_inner().data(principal))
+        .await
+        .into();
+    response.into_response()
+}
+
+fn body_too_large(limit: usize) -> Response {
+    error_response(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        &ApiError::BadUserInput(format!("the request body is larger than {limit} bytes")),
+    )
 }
 
 /// Runs GraphQL operations over HTTP on threads of their own, at most
@@ -232,16 +341,20 @@ fn internal_response(err: anyhow::Error) -> async_graphql::Response {
 
 fn unauthenticated(err: &ApiError) -> Response {
     metrics::counter!("bc_graphql_requests_total", "operation" => "unauthenticated", "outcome" => "error").increment(1);
+    let mut response = error_response(StatusCode::UNAUTHORIZED, err);
+    response
+        .headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    response
+}
+
+/// `err` in the shape of a GraphQL error, with `status`.
+fn error_response(status: StatusCode, err: &ApiError) -> Response {
     let body = serde_json::json!({
         "data": null,
         "errors": [{ "message": err.message(), "extensions": { "code": err.code() } }],
     });
-    (
-        StatusCode::UNAUTHORIZED,
-        [(header::WWW_AUTHENTICATE, "Bearer")],
-        axum::Json(body),
-    )
-        .into_response()
+    (status, axum::Json(body)).into_response()
 }
 
 /// Read buffer per subscription socket: tungstenite's default (128 KiB, zero-filled on every
@@ -262,11 +375,22 @@ async fn graphql_get(State(state): State<AppState>, request: axum::extract::Requ
     if !wants_upgrade {
         return crate::graphiql::page().into_response();
     }
-    let protocol =
-        match async_graphql_axum::GraphQLProtocol::from_request_parts(&mut parts, &state).await {
-            Ok(protocol) => protocol,
-            Err(status) => return status.into_response(),
-        };
+    // The first subprotocol offered that async-graphql speaks (as its `GraphQLProtocol`
+    // extractor picks it, whose value is not public).
+    let Some(protocol) = parts
+        .headers
+        .get(header::SEC_WEBSOCKET_PROTOCOL)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|offered| {
+            offered.split(',').find_map(|p| {
+                p.trim()
+                    .parse::<async_graphql::http::WebSocketProtocols>()
+                    .ok()
+            })
+        })
+    else {
+        return StatusCode::BAD_REQUEST.into_response();
+    };
     let upgrade =
         match axum::extract::WebSocketUpgrade::from_request_parts(&mut parts, &state).await {
             Ok(upgrade) => upgrade,
@@ -274,49 +398,17 @@ async fn graphql_get(State(state): State<AppState>, request: axum::extract::Requ
         };
     let schema = state.schema.clone();
     let keys = state.keys.clone();
-    let mut shutdown = state.shutdown.clone();
+    let clock = state.services.clock.clone();
+    let limits = crate::graphql_ws::SocketLimits::from_config(&state.limits);
+    let shutdown = state.shutdown.clone();
     upgrade
         .read_buffer_size(SUBSCRIPTION_READ_BUFFER_BYTES)
+        // A client message is an operation: bounded like a request body.
+        .max_message_size(state.limits.max_body_bytes)
+        .max_frame_size(state.limits.max_body_bytes)
         .protocols(async_graphql::http::ALL_WEBSOCKET_PROTOCOLS)
-        .on_upgrade(move |socket| async move {
-            metrics::gauge!("bc_subscription_connections").increment(1.0);
-            let session = async_graphql_axum::GraphQLWebSocket::new(socket, schema, protocol)
-                .on_connection_init(move |payload| async move {
-                    let principal = keys
-                        .from_header(bearer_from_init(&payload).as_deref())
-                        .map_err(async_graphql::Error::from)?;
-                    let mut data = async_graphql::Data::default();
-                    data.insert(principal);
-                    Ok(data)
-                })
-                .serve();
-
-            tokio::select! {
-
-                () = session => {}
-
-                // The server is stopping: drop the socket so clients reconnect elsewhere.
-
-                _ = shutdown.changed() => {}
-
-            }
-            metrics::gauge!("bc_subscription_connections").decrement(1.0);
-        })
-}
-
-/// The `Authorization` value of a `connection_init` payload: `{"Authorization": "Bearer …"}`
-/// (any case), or `{"token": "…"}`.
-fn bearer_from_init(payload: &serde_json::Value) -> Option<String> {
-    let object = payload.as_object()?;
-    object
-        .iter()
-        .find(|(key, _)| key.eq_ignore_ascii_case("authorization"))
-        .and_then(|(_, value)| value.as_str().map(str::to_owned))
-        .or_else(|| {
-            object
-                .get("token")
-                .and_then(|t| t.as_str())
-                .map(|t| format!("Bearer {t}"))
+        .on_upgrade(move |socket| {
+            crate::graphql_ws::serve(socket, schema, protocol, keys, clock, limits, shutdown)
         })
 }
 

@@ -225,13 +225,18 @@ pub struct Server {
 
 impl Server {
     /// Starts `better-compute serve` with its data and log in `dir`, on `database_url` (none:
-    /// a SQLite file in its data directory), logging with `log_filter`, and waits until both
-    /// its API and its gateway answer.
+    /// a SQLite file in its data directory), logging with `log_filter`, with `settings` (more
+    /// `BC_…` variables), and waits until both its API and its gateway answer.
+    ///
+    /// Every benchmark client connects from 127.0.0.1, so the per-address connection caps
+    /// are lifted to the listeners' own caps: a benchmark's load is one address by
+    /// construction, not an attacker.
     pub async fn start(
         bin: &Path,
         dir: &Path,
         database_url: Option<&str>,
         log_filter: &str,
+        settings: &[(&str, String)],
     ) -> anyhow::Result<Server> {
         let (api_port, gateway_port) = free_ports()?;
         let jwt_secret = hex::encode(rand::random::<[u8; 32]>());
@@ -247,7 +252,16 @@ impl Server {
             ),
             ("BC_AUTH__JWT_SECRET".to_owned(), jwt_secret.clone()),
             ("BC_LOG__FILTER".to_owned(), log_filter.to_owned()),
+            (
+                "BC_API__MAX_CONNECTIONS_PER_PEER".to_owned(),
+                usize::MAX.to_string(),
+            ),
+            (
+                "BC_GATEWAY__MAX_CONNECTIONS_PER_PEER".to_owned(),
+                usize::MAX.to_string(),
+            ),
         ];
+        env.extend(settings.iter().map(|(k, v)| ((*k).to_owned(), v.clone())));
         if let Some(url) = database_url {
             env.push(("DATABASE_URL".to_owned(), url.to_owned()));
         }

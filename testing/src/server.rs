@@ -6,7 +6,7 @@ use bc_core::ids::TenantId;
 use better_compute::app::{self, RunningServer};
 use better_compute::auth::Role;
 use better_compute::config::Config;
-use chrono::{Duration, Utc};
+use chrono::Duration;
 use sea_orm::{ConnectionTrait, Database};
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -154,6 +154,8 @@ impl Gql {
 
 /// The JWT secret test servers sign with.
 const TEST_SECRET: &str = "better-compute-test-secret-0123456789abcdef";
+/// The harness's admin token lives ten years of the test clock: tests move it days ahead.
+const ADMIN_TOKEN_TTL: Duration = Duration::days(3650);
 
 /// What every server on one test database shares: the database and the data directory
 /// (the CA). It goes (and a PostgreSQL database is dropped) when the last server on it stops.
@@ -230,12 +232,13 @@ impl TestServer {
         };
         (shared.configure)(&mut config);
         let server = app::start(&config, Arc::new(clock.clone())).await?;
+        // The server checks tokens against its (manual) clock, which tests move days ahead.
         let admin_token = server.keys.mint(
             "test-admin",
             &[Role::Admin],
             None,
-            Duration::hours(1),
-            Utc::now(),
+            ADMIN_TOKEN_TTL,
+            bc_core::clock::Clock::now(&clock),
         )?;
         Ok(TestServer {
             backend,
@@ -293,7 +296,9 @@ impl TestServer {
         self.mint(&format!("test-{role}"), role, None, Duration::hours(1))
     }
 
-    /// A token of any shape, signed with the server's secret.
+    /// A token of any shape, signed with the server's secret, issued now by the server's
+    /// clock (which the server checks tokens against): it expires when the test has moved
+    /// the clock past `ttl`.
     pub fn mint(
         &self,
         subject: &str,
@@ -303,8 +308,25 @@ impl TestServer {
     ) -> String {
         self.server
             .keys
-            .mint(subject, &[role], tenant, ttl, Utc::now())
+            .mint(
+                subject,
+                &[role],
+                tenant,
+                ttl,
+                bc_core::clock::Clock::now(&self.clock),
+            )
             .expect("minting a test token")
+    }
+
+    /// A token with exactly `claims` (any JSON object), signed with the server's secret:
+    /// for tokens `mint` does not make, such as one with `nbf` or `iat` in the future.
+    pub fn mint_claims(&self, claims: &Value) -> String {
+        jsonwebtoken::encode(
+            &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+            claims,
+            &jsonwebtoken::EncodingKey::from_secret(TEST_SECRET.as_bytes()).expect("an HS256 key"),
+        )
+        .expect("signing test claims")
     }
 
     /// A token signed with the server's own secret but for another audience (`aud`): the
@@ -317,7 +339,15 @@ impl TestServer {
         ttl: Duration,
     ) -> String {
         better_compute::auth::TokenKeys::new(TEST_SECRET.as_bytes(), audience)
-            .and_then(|keys| keys.mint(subject, &[role], None, ttl, Utc::now()))
+            .and_then(|keys| {
+                keys.mint(
+                    subject,
+                    &[role],
+                    None,
+                    ttl,
+                    bc_core::clock::Clock::now(&self.clock),
+                )
+            })
             .expect("minting a test token")
     }
 

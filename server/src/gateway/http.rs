@@ -1,6 +1,6 @@
 //! The gateway's HTTPS routes.
 
-use axum::extract::{DefaultBodyLimit, State, WebSocketUpgrade};
+use axum::extract::{DefaultBodyLimit, FromRequest, State, WebSocketUpgrade};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -15,20 +15,46 @@ use crate::pki::NodeIdentity;
 #[derive(Clone)]
 pub struct PeerIdentity(pub Option<NodeIdentity>);
 
-/// A join request carries a CSR and a few identifiers; anything near this is not one.
-const MAX_JOIN_BODY_BYTES: usize = 64 * 1024;
 /// Read buffer per session socket. tungstenite's default (128 KiB, zero-filled on every read)
 /// costs a lot of CPU and memory with thousands of idle sessions; bcd/v1 frames are small.
 const SESSION_READ_BUFFER_BYTES: usize = 4096;
 
-pub fn router(state: GatewayState) -> Router {
+/// The routes. Join and renewal bodies are bounded in size (`gateway.max_body_bytes`,
+/// enforced while reading) and in time (`gateway.body_timeout_secs`).
+pub fn router(state: GatewayState, config: &crate::config::GatewayConfig) -> Router {
     Router::new()
         .route("/v1/join", post(join))
         .route("/v1/renew", post(renew))
         .route("/v1/session", get(session))
         .route("/v1/ca.pem", get(ca_pem))
-        .layer(DefaultBodyLimit::max(MAX_JOIN_BODY_BYTES))
+        .layer(DefaultBodyLimit::max(config.max_body_bytes))
+        .layer(tower_http::timeout::RequestBodyDeadlineLayer::new(
+            config.body_timeout(),
+        ))
         .with_state(state)
+}
+
+/// The JSON body of a join or renewal: 413 when it is larger than `gateway.max_body_bytes`
+/// (reading stops there), 400 when it is not the request.
+async fn json_body<T: serde::de::DeserializeOwned>(
+    request: axum::extract::Request,
+    state: &GatewayState,
+    what: &str,
+) -> Result<T, Response> {
+    match Json::<T>::from_request(request, state).await {
+        Ok(Json(body)) => Ok(body),
+        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            let mut response = error(ApiError::BadUserInput(format!(
+                "the {what} body is too large"
+            )));
+            *response.status_mut() = StatusCode::PAYLOAD_TOO_LARGE;
+            Err(response)
+        }
+        Err(rejection) => Err(error(ApiError::BadUserInput(format!(
+            "malformed {what} request: {}",
+            rejection.body_text()
+        )))),
+    }
 }
 
 /// An error answer: the same codes as the GraphQL API, with an HTTP status.
@@ -59,18 +85,10 @@ fn require_identity(peer: &PeerIdentity) -> Result<&NodeIdentity, ApiError> {
         .ok_or_else(|| ApiError::Unauthenticated("this needs a node client certificate".into()))
 }
 
-async fn join(
-    State(state): State<GatewayState>,
-    body: Result<Json<JoinRequest>, axum::extract::rejection::JsonRejection>,
-) -> Response {
-    let Json(request) = match body {
-        Ok(body) => body,
-        Err(rejection) => {
-            return error(ApiError::BadUserInput(format!(
-                "malformed join request: {}",
-                rejection.body_text()
-            )));
-        }
+async fn join(State(state): State<GatewayState>, request: axum::extract::Request) -> Response {
+    let request: JoinRequest = match json_body(request, &state, "join").await {
+        Ok(request) => request,
+        Err(response) => return response,
     };
     match state.services.join(&request).await {
         Ok(identity) => Json(identity).into_response(),
@@ -82,23 +100,19 @@ async fn join(
     }
 }
 
+/// Renewal: the client certificate is checked before the body is read.
 async fn renew(
     State(state): State<GatewayState>,
     Extension(peer): Extension<PeerIdentity>,
-    body: Result<Json<RenewRequest>, axum::extract::rejection::JsonRejection>,
+    request: axum::extract::Request,
 ) -> Response {
     let identity = match require_identity(&peer) {
         Ok(identity) => identity,
         Err(err) => return error(err),
     };
-    let Json(request) = match body {
-        Ok(body) => body,
-        Err(rejection) => {
-            return error(ApiError::BadUserInput(format!(
-                "malformed renew request: {}",
-                rejection.body_text()
-            )));
-        }
+    let request: RenewRequest = match json_body(request, &state, "renew").await {
+        Ok(request) => request,
+        Err(response) => return response,
     };
     match state.services.renew(identity, &request).await {
         Ok(issued) => Json(issued).into_response(),

@@ -1,7 +1,9 @@
 //! The gateway: the TLS listener daemons talk to (`bcd/v1`, see PROTOCOL.md). It serves
 //! JoinService (`/v1/join`), renewal (`/v1/renew`), the CA (`/v1/ca.pem`) and sessions
 //! (`/v1/session`, a WebSocket), and always speaks TLS with optional client certificates:
-//! joining needs none, everything else needs a node certificate.
+//! joining needs none, everything else needs a node certificate. Connections are capped
+//! per listener and per peer address at accept, and timed out in the TLS handshake, while
+//! headers are awaited and when idle (`listener.rs`; `[gateway]` in the configuration).
 
 mod heartbeats;
 mod http;
@@ -9,7 +11,6 @@ mod session;
 mod tls;
 
 use bc_core::event::EventType;
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +19,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 pub use crate::config::GatewayConfig;
+use crate::listener::{
+    Admitted, ConnectionGate, IdleTimeout, StopSignal, accept_loop, count_timeout, serve_http,
+};
 use crate::service::Services;
 pub use heartbeats::HeartbeatWriter;
 
@@ -44,9 +48,11 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// Binds the listener and starts accepting.
+    /// Binds the listener and starts accepting, at most `caps.0` connections at once and
+    /// `caps.1` from one peer address.
     pub async fn start(
         config: &GatewayConfig,
+        caps: (usize, usize),
         services: Services,
         feed: Arc<crate::feed::Feed>,
         heartbeat_interval: Duration,
@@ -67,13 +73,30 @@ impl Gateway {
             heartbeat_interval,
             shutdown: shutdown_rx.clone(),
         };
-        let app = http::router(state);
+        let app = http::router(state, config);
         tokio::spawn(route_command_events(
             services.clone(),
             feed,
             shutdown_rx.clone(),
         ));
-        let task = tokio::spawn(accept_loop(listener, acceptor, app, shutdown_rx));
+        let gate = ConnectionGate::new("gateway", caps.0, caps.1, 0);
+        let timeouts = Timeouts {
+            tls_handshake: config.tls_handshake_timeout(),
+            header: config.header_timeout(),
+            idle: config.idle_timeout(),
+        };
+        let mut stopped = shutdown_rx;
+        let stop = async move {
+            let _ = stopped.changed().await;
+        };
+        let task = tokio::spawn(accept_loop(
+            listener,
+            gate,
+            stop,
+            move |socket, peer, stop| {
+                serve_connection(socket, peer, acceptor.clone(), app.clone(), timeouts, stop)
+            },
+        ));
         tracing::info!(%local_addr, %gateway_id, "gateway is listening (TLS)");
         Ok(Gateway {
             local_addr,
@@ -140,51 +163,51 @@ async fn route_command_events(
     }
 }
 
-async fn accept_loop(
-    listener: TcpListener,
+/// The gateway's timeouts for one connection.
+#[derive(Debug, Clone, Copy)]
+struct Timeouts {
+    tls_handshake: Duration,
+    header: Duration,
+    idle: Duration,
+}
+
+/// One connection: the TLS handshake (within its timeout), then HTTP with the client
+/// certificate's identity for the routes to check.
+async fn serve_connection(
+    socket: Admitted<tokio::net::TcpStream>,
+    peer: SocketAddr,
     acceptor: tokio_rustls::TlsAcceptor,
     app: axum::Router,
-    mut shutdown: watch::Receiver<bool>,
+    timeouts: Timeouts,
+    mut stop: StopSignal,
 ) {
-    loop {
-        let (tcp, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(pair) => pair,
-                Err(err) => {
-                    // Out of file descriptors and the like: back off instead of spinning.
-                    tracing::warn!(error = %err, "gateway accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            _ = shutdown.changed() => return,
-        };
-        let _ = tcp.set_nodelay(true);
-        let acceptor = acceptor.clone();
-        let app = app.clone();
-        tokio::spawn(async move {
-            let tls = match acceptor.accept(tcp).await {
-                Ok(tls) => tls,
-                Err(err) => {
-                    metrics::counter!("bc_gateway_tls_handshake_failures_total").increment(1);
-                    tracing::debug!(%peer, error = %err, "TLS handshake refused");
-                    return;
-                }
-            };
-            let identity = tls
-                .get_ref()
-                .1
-                .peer_certificates()
-                .and_then(|chain| chain.first())
-                .and_then(crate::pki::node_identity);
-            let app = app.layer(axum::Extension(http::PeerIdentity(identity)));
-            let service = hyper_util::service::TowerToHyperService::new(app);
-            if let Err(err) = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                .serve_connection_with_upgrades(TokioIo::new(tls), service)
-                .await
-            {
-                tracing::debug!(%peer, error = %err, "gateway connection ended with an error");
-            }
-        });
-    }
+    let socket = IdleTimeout::new(socket, "gateway", timeouts.idle);
+    let handshake = tokio::time::timeout(timeouts.tls_handshake, acceptor.accept(socket));
+    let handshake = tokio::select! {
+        handshake = handshake => handshake,
+        // The gateway is stopping: no new sessions.
+        () = stop.stopping() => return,
+    };
+    let tls = match handshake {
+        Ok(Ok(tls)) => tls,
+        Ok(Err(err)) => {
+            metrics::counter!("bc_gateway_tls_handshake_failures_total").increment(1);
+            tracing::debug!(%peer, error = %err, "TLS handshake refused");
+            return;
+        }
+        Err(_) => {
+            count_timeout("gateway", "tls_handshake");
+            tracing::debug!(%peer, "TLS handshake timed out");
+            return;
+        }
+    };
+    let identity = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|chain| chain.first())
+        .and_then(crate::pki::node_identity);
+    let app = app.layer(axum::Extension(http::PeerIdentity(identity)));
+    let service = hyper_util::service::TowerToHyperService::new(app);
+    serve_http("gateway", tls, service, timeouts.header, stop).await;
 }

@@ -61,11 +61,19 @@ pub fn sdl() -> String {
     build_schema(None, &GraphqlConfig::default()).sdl()
 }
 
-/// The authenticated caller. The HTTP layer refuses requests without a valid token, so a
-/// missing principal here is a wiring fault, reported as `UNAUTHENTICATED` all the same.
+/// The authenticated caller, while its token lives. The HTTP layer refuses requests without
+/// a valid token, so a missing principal here is a wiring fault, reported as
+/// `UNAUTHENTICATED` all the same. A subscription socket keeps the principal it was opened
+/// with, so the expiry is checked again here, on every operation, against the services'
+/// clock.
 pub(crate) fn principal<'a>(ctx: &'a Context<'_>) -> Result<&'a Principal, ApiError> {
-    ctx.data_opt::<Principal>()
-        .ok_or_else(|| ApiError::Unauthenticated("no credentials".into()))
+    let principal = ctx
+        .data_opt::<Principal>()
+        .ok_or_else(|| ApiError::Unauthenticated("no credentials".into()))?;
+    if let Some(services) = ctx.data_opt::<Services>() {
+        principal.check_live(services.clock.now())?;
+    }
+    Ok(principal)
 }
 
 pub(crate) fn services<'a>(ctx: &'a Context<'_>) -> async_graphql::Result<&'a Services> {

@@ -10,6 +10,7 @@ mod commands;
 mod dashboard;
 mod gateway;
 mod lifecycle;
+mod listeners;
 mod liveness;
 mod node_mutations;
 mod node_queries;

@@ -123,6 +123,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         dir.path(),
         database.url(),
         &args.server.server_log,
+        &[],
     )
     .await?;
     let outcome = run_bench(&args, &server, database.description(), fd_limit).await;

@@ -131,11 +131,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .tempdir()?;
     let database = BenchDatabase::prepare(args.postgres, None).await?;
 
+    // The API's connection cap is a tenth of the open-file limit unless set: room for every
+    // subscriber and the benchmark's own requests instead.
+    let api_connections = (args.subscribers as u64 + SPARE_FDS).to_string();
     let server = Server::start(
         &server_bin,
         dir.path(),
         database.url(),
         &args.server.server_log,
+        &[("BC_API__MAX_CONNECTIONS", api_connections)],
     )
     .await?;
     let outcome = run_bench(&args, &server, database.description(), fd_limit).await;

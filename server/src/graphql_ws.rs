@@ -1,0 +1,329 @@
+//! One subscription socket on the API listener (`graphql-transport-ws`, and the older
+//! `graphql-ws`), around async-graphql's protocol engine, which runs the operations. This
+//! module holds the socket to its time limits, which the engine does not:
+//!
+//! - `connection_init` must arrive within `api.ws_init_timeout_secs` of the upgrade, or the
+//!   socket is closed with 4408 (the `graphql-ws` code for it);
+//! - a `connection_init` without a valid token closes it with 4403 (Forbidden), not the
+//!   engine's 1002 (protocol error): the client did nothing wrong in the protocol;
+//! - the token's expiry, on the server's clock: the socket is closed with 4403 when it
+//!   passes, and a message that arrives after it closes the socket before it runs (every
+//!   operation also checks it, see `graphql::principal`);
+//! - keep-alive: a WebSocket ping every `api.ws_ping_interval_secs` (browsers and WebSocket
+//!   libraries answer by themselves); a socket from which nothing arrives within
+//!   `api.ws_pong_timeout_secs` of a ping, or that does not take a frame for as long as
+//!   both together, is closed with 3008 (timeout).
+//!
+//! Metric: `bc_subscription_sockets_closed_total{reason}` for the closes above.
+
+use async_graphql::http::{WebSocket as Engine, WsMessage};
+use axum::body::Bytes;
+use axum::extract::ws::{CloseFrame, Message, WebSocket};
+use bc_core::clock::Clock;
+use chrono::{DateTime, Utc};
+use futures::{SinkExt, Stream, StreamExt};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::time::Instant;
+
+use crate::auth::TokenKeys;
+use crate::config::ApiConfig;
+use crate::graphql::AppSchema;
+
+/// `graphql-ws`: the client did not send `connection_init` in time.
+pub const CLOSE_INIT_TIMEOUT: u16 = 4408;
+/// `graphql-ws`: Forbidden. No valid token at `connection_init`, or the token expired.
+pub const CLOSE_FORBIDDEN: u16 = 4403;
+/// IANA's "timeout" (also what async-graphql's keep-alive sends): the peer stopped answering.
+pub const CLOSE_KEEPALIVE_TIMEOUT: u16 = 3008;
+/// RFC 6455 "going away": the server is stopping.
+pub const CLOSE_GOING_AWAY: u16 = 1001;
+
+/// The time limits of a subscription socket (`[api]`).
+#[derive(Debug, Clone, Copy)]
+pub struct SocketLimits {
+    pub init_timeout: Duration,
+    pub ping_interval: Duration,
+    pub pong_timeout: Duration,
+}
+
+impl SocketLimits {
+    pub fn from_config(config: &ApiConfig) -> SocketLimits {
+        SocketLimits {
+            init_timeout: config.ws_init_timeout(),
+            ping_interval: config.ws_ping_interval(),
+            pong_timeout: config.ws_pong_timeout(),
+        }
+    }
+
+    /// The longest one frame may take to go out: a peer that takes nothing for a ping
+    /// interval and a pong timeout together is as gone as one that stopped answering.
+    fn write_timeout(&self) -> Duration {
+        self.ping_interval + self.pong_timeout
+    }
+}
+
+/// What the socket's reading side and the connection callback tell the loop.
+#[derive(Default)]
+struct Shared {
+    /// The token's expiry, once `connection_init` carried a valid one.
+    expires_at: Option<DateTime<Utc>>,
+    /// `connection_init` carried no valid token.
+    refused: bool,
+    /// A message arrived after the token expired; the reading side ended there.
+    arrived_expired: bool,
+    /// When the last frame of any kind arrived.
+    last_heard: Option<Instant>,
+}
+
+fn lock(shared: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
+    shared
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The client's messages for the engine: text and binary frames, until the client closes,
+/// fails, or sends a message after its token expired. Every frame, pings and pongs
+/// included, counts as a sign of life.
+struct ClientMessages<S> {
+    frames: S,
+    shared: Arc<Mutex<Shared>>,
+    clock: Arc<dyn Clock>,
+}
+
+impl<S> Stream for ClientMessages<S>
+where
+    S: Stream<Item = Result<Message, axum::Error>> + Unpin,
+{
+    type Item = Bytes;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
+        loop {
+            let frame = match self.frames.poll_next_unpin(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(None | Some(Err(_))) => return Poll::Ready(None),
+                Poll::Ready(Some(Ok(frame))) => frame,
+            };
+            let now = self.clock.now();
+            let mut shared = lock(&self.shared);
+            shared.last_heard = Some(Instant::now());
+            let data = match frame {
+                Message::Text(text) => Bytes::from(text),
+                Message::Binary(data) => data,
+                Message::Ping(_) | Message::Pong(_) => continue,
+                Message::Close(_) => return Poll::Ready(None),
+            };
+            if shared
+                .expires_at
+                .is_some_and(|expires_at| now >= expires_at)
+            {
+                shared.arrived_expired = true;
+                return Poll::Ready(None);
+            }
+            return Poll::Ready(Some(data));
+        }
+    }
+}
+
+/// Why the server closes a socket itself.
+struct Closing {
+    code: u16,
+    reason: String,
+    /// The metric label; `None` for closes the engine decided (protocol errors).
+    metric: Option<&'static str>,
+}
+
+impl Closing {
+    fn ours(code: u16, reason: &str, metric: &'static str) -> Closing {
+        Closing {
+            code,
+            reason: reason.to_owned(),
+            metric: Some(metric),
+        }
+    }
+
+    fn expired() -> Closing {
+        Closing::ours(CLOSE_FORBIDDEN, "the token expired", "token_expired")
+    }
+}
+
+/// Serves one upgraded socket until either side ends it, the limits close it, or the
+/// server stops (`shutdown`).
+pub async fn serve(
+    socket: WebSocket,
+    schema: AppSchema,
+    protocol: async_graphql::http::WebSocketProtocols,
+    keys: Arc<TokenKeys>,
+    clock: Arc<dyn Clock>,
+    limits: SocketLimits,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    metrics::gauge!("bc_subscription_connections").increment(1.0);
+    let (mut sink, frames) = socket.split();
+    let shared = Arc::new(Mutex::new(Shared::default()));
+    let messages = ClientMessages {
+        frames,
+        shared: shared.clone(),
+        clock: clock.clone(),
+    };
+    let on_init = {
+        let shared = shared.clone();
+        let clock = clock.clone();
+        move |payload: serde_json::Value| async move {
+            let verified = keys.from_header(bearer_from_init(&payload).as_deref(), clock.now());
+            let mut shared = lock(&shared);
+            match verified {
+                Ok(principal) => {
+                    shared.expires_at = Some(principal.expires_at);
+                    let mut data = async_graphql::Data::default();
+                    data.insert(principal);
+                    Ok(data)
+                }
+                Err(err) => {
+                    shared.refused = true;
+                    Err(async_graphql::Error::from(err))
+                }
+            }
+        }
+    };
+    let engine = Engine::new(schema, messages, protocol).on_connection_init(on_init);
+    tokio::pin!(engine);
+
+    let started = Instant::now();
+    let init_deadline = tokio::time::sleep(limits.init_timeout);
+    tokio::pin!(init_deadline);
+    let mut ping = tokio::time::interval_at(started + limits.ping_interval, limits.ping_interval);
+    ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // When the last ping went out, while its answer is due.
+    let mut ping_sent: Option<Instant> = None;
+    let pong_deadline = tokio::time::sleep(Duration::ZERO);
+    tokio::pin!(pong_deadline);
+    // Armed once `connection_init` succeeded.
+    let mut expiry_armed = false;
+    let expiry = tokio::time::sleep(Duration::ZERO);
+    tokio::pin!(expiry);
+
+    let closing: Option<Closing> = loop {
+        tokio::select! {
+            out = engine.next() => match out {
+                Some(WsMessage::Text(text)) => {
+                    if !send(&mut sink, Message::Text(text.into()), limits.write_timeout()).await {
+                        break Some(Closing::ours(CLOSE_KEEPALIVE_TIMEOUT, "the client does not read", "write_timeout"));
+                    }
+                    if !expiry_armed && let Some(expires_at) = lock(&shared).expires_at {
+                        expiry.as_mut().reset(Instant::now() + until(expires_at, clock.now()));
+                        expiry_armed = true;
+                    }
+                }
+                Some(WsMessage::Close(code, reason)) => {
+                    break Some(if lock(&shared).refused {
+                        Closing::ours(CLOSE_FORBIDDEN, &reason, "unauthenticated")
+                    } else {
+                        Closing { code, reason, metric: None }
+                    });
+                }
+                None => break lock(&shared).arrived_expired.then(Closing::expired),
+            },
+            () = &mut init_deadline, if lock(&shared).expires_at.is_none() => {
+                break Some(Closing::ours(CLOSE_INIT_TIMEOUT, "Connection initialisation timeout", "init_timeout"));
+            }
+            () = &mut expiry, if expiry_armed => {
+                match lock(&shared).expires_at {
+                    Some(expires_at) if clock.now() < expires_at => {
+                        // The clock is not the timer's (a test's manual clock): look again.
+                        expiry.as_mut().reset(Instant::now() + until(expires_at, clock.now()));
+                    }
+                    _ => break Some(Closing::expired()),
+                }
+            }
+            _ = ping.tick() => {
+                // Expiry is also checked here, so a clock that jumps is noticed within a ping.
+                if lock(&shared).expires_at.is_some_and(|e| clock.now() >= e) {
+                    break Some(Closing::expired());
+                }
+                if ping_sent.is_none() {
+                    if !send(&mut sink, Message::Ping(Bytes::new()), limits.write_timeout()).await {
+                        break Some(Closing::ours(CLOSE_KEEPALIVE_TIMEOUT, "the client does not read", "write_timeout"));
+                    }
+                    let now = Instant::now();
+                    ping_sent = Some(now);
+                    pong_deadline.as_mut().reset(now + limits.pong_timeout);
+                }
+            }
+            () = &mut pong_deadline, if ping_sent.is_some() => {
+                let heard = lock(&shared).last_heard;
+                if heard.is_some_and(|heard| Some(heard) >= ping_sent) {
+                    ping_sent = None;
+                } else {
+                    break Some(Closing::ours(CLOSE_KEEPALIVE_TIMEOUT, "keep-alive timeout: no pong", "keepalive_timeout"));
+                }
+            }
+            // The server is stopping: close so that clients reconnect elsewhere.
+            _ = shutdown.changed() => {
+                break Some(Closing::ours(CLOSE_GOING_AWAY, "the server is shutting down", "shutdown"));
+            }
+        }
+    };
+    if let Some(closing) = closing {
+        if let Some(reason) = closing.metric {
+            metrics::counter!("bc_subscription_sockets_closed_total", "reason" => reason)
+                .increment(1);
+        }
+        let frame = CloseFrame {
+            code: closing.code,
+            reason: close_reason(closing.reason).into(),
+        };
+        let _ = send(&mut sink, Message::Close(Some(frame)), limits.pong_timeout).await;
+    }
+    metrics::gauge!("bc_subscription_connections").decrement(1.0);
+}
+
+/// A close frame carries at most 123 bytes of reason (RFC 6455, 5.5): longer ones are cut
+/// at a character boundary.
+fn close_reason(mut reason: String) -> String {
+    const MAX: usize = 123;
+    if reason.len() > MAX {
+        let mut end = MAX;
+        while !reason.is_char_boundary(end) {
+            end -= 1;
+        }
+        reason.truncate(end);
+    }
+    reason
+}
+
+/// How long until `expires_at` on a clock that reads `now` (zero if it has passed).
+fn until(expires_at: DateTime<Utc>, now: DateTime<Utc>) -> Duration {
+    (expires_at - now).to_std().unwrap_or_default()
+}
+
+/// Sends one frame within `timeout`; false if the socket failed or the peer did not take
+/// it in time.
+async fn send(
+    sink: &mut futures::stream::SplitSink<WebSocket, Message>,
+    message: Message,
+    timeout: Duration,
+) -> bool {
+    matches!(
+        tokio::time::timeout(timeout, sink.send(message)).await,
+        Ok(Ok(()))
+    )
+}
+
+/// The `Authorization` value of a `connection_init` payload: `{"Authorization": "Bearer …"}`
+/// (any case), or `{"token": "…"}`.
+fn bearer_from_init(payload: &serde_json::Value) -> Option<String> {
+    let object = payload.as_object()?;
+    object
+        .iter()
+        .find(|(key, _)| key.eq_ignore_ascii_case("authorization"))
+        .and_then(|(_, value)| value.as_str().map(str::to_owned))
+        .or_else(|| {
+            object
+                .get("token")
+                .and_then(|t| t.as_str())
+                .map(|t| format!("Bearer {t}"))
+        })
+}
