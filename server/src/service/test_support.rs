@@ -11,6 +11,10 @@ use super::Services;
 use super::store::{capacity, events, nodes};
 use crate::error::ApiResult;
 
+/// The key of PostgreSQL's transaction-scoped advisory lock that orders event writers, so
+/// a test can hold it and interleave writers step by step (the lock-order test).
+pub use super::store::events::EVENT_ORDER_LOCK;
+
 impl Services {
     /// Writes these nodes straight into storage, in one transaction: the fixture for tests
     /// that need states the API cannot reach quickly (or at all).

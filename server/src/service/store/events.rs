@@ -19,7 +19,7 @@ pub const NOTIFY_CHANNEL: &str = "bc_events";
 /// How long to wait before re-opening a dropped LISTEN connection.
 const LISTEN_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 /// The advisory lock that orders event writers (an arbitrary constant, unique to us).
-const EVENT_ORDER_LOCK: i64 = 0x6263_6576_7473;
+pub const EVENT_ORDER_LOCK: i64 = 0x6263_6576_7473;
 
 /// Makes `seq` order equal commit order on PostgreSQL, so a reader that follows
 /// `seq > last` never skips an event that commits late: the transaction takes a lock held
