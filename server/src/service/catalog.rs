@@ -39,14 +39,13 @@ impl Services {
         catalog::insert_tenant(&*txn, &tenant).await?;
         let data = serde_json::json!({ "tenantId": tenant.id, "name": name });
         events::append_other(
-            &*txn,
+            &txn,
             "tenant.created",
             Some(tenant.id.as_str()),
             &principal.actor(),
             data,
             now,
-        )
-        .await?;
+        );
         txn.commit().await?;
         Ok(tenant)
     }
@@ -97,14 +96,13 @@ impl Services {
         catalog::insert_site(&*txn, &site).await?;
         let data = serde_json::json!({ "siteId": site.id, "name": name, "kind": kind });
         events::append_other(
-            &*txn,
+            &txn,
             "site.created",
             owner.map(TenantId::as_str),
             &principal.actor(),
             data,
             now,
-        )
-        .await?;
+        );
         txn.commit().await?;
         Ok(site)
     }
@@ -156,14 +154,13 @@ impl Services {
         catalog::insert_pool(&*txn, &pool).await?;
         let data = serde_json::json!({ "poolId": pool.id, "siteId": pool.site_id, "name": pool.name, "kind": pool.kind });
         events::append_other(
-            &*txn,
+            &txn,
             "pool.created",
             pool.owner_tenant_id.as_ref().map(TenantId::as_str),
             &principal.actor(),
             data,
             now,
-        )
-        .await?;
+        );
         txn.commit().await?;
         Ok(pool)
     }

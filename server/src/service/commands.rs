@@ -75,7 +75,7 @@ impl Services {
         }
         commands::insert(&*txn, &queued).await?;
         for command in &queued {
-            events::append_command(&*txn, command, None, &actor, now).await?;
+            events::append_command(&txn, command, None, &actor, now);
         }
         txn.commit().await?;
         metrics::counter!("bc_commands_sent_total", "kind" => new.kind.to_string())
@@ -107,7 +107,7 @@ impl Services {
         )?;
         let txn = self.store.write().await?;
         commands::insert(&*txn, std::slice::from_ref(&command)).await?;
-        events::append_command(&*txn, &command, None, actor, now).await?;
+        events::append_command(&txn, &command, None, actor, now);
         txn.commit().await?;
         Ok(command)
     }
@@ -173,7 +173,7 @@ impl Services {
                 current: 0,
             });
         }
-        events::append_command(&*txn, &command, Some(from), actor, now).await?;
+        events::append_command(&txn, &command, Some(from), actor, now);
         txn.commit().await?;
         Ok(command)
     }
@@ -183,6 +183,8 @@ impl Services {
     pub async fn dispatch_commands(&self, node_id: &NodeId, epoch: i64) -> ApiResult<Vec<Command>> {
         let gateway = Actor::Controller("gateway".into());
         let txn = self.store.write().await?;
+        // Every command this may change is locked here, in id order, before any is written;
+        // the events follow at commit (ARCHITECTURE.md, Invariants: lock order).
         let open = commands::of_node(
             &*txn,
             node_id,
@@ -204,7 +206,7 @@ impl Services {
             if stale {
                 let from = command.session_lost(now)?;
                 if commands::save(&*txn, from, command).await? {
-                    events::append_command(&*txn, command, Some(from), &gateway, now).await?;
+                    events::append_command(&txn, command, Some(from), &gateway, now);
                 }
             }
         }
@@ -224,7 +226,7 @@ impl Services {
             }
             let from = command.dispatch(epoch, now)?;
             if commands::save(&*txn, from, &command).await? {
-                events::append_command(&*txn, &command, Some(from), &gateway, now).await?;
+                events::append_command(&txn, &command, Some(from), &gateway, now);
                 busy.insert(command.lane);
                 sent.push(command);
             }
@@ -288,6 +290,7 @@ impl Services {
     ) -> ApiResult<Vec<Command>> {
         let gateway = Actor::Controller("gateway".into());
         let txn = self.store.write().await?;
+        // Locked up front in id order, as in `dispatch_commands`.
         let active = commands::of_node(
             &*txn,
             node_id,
@@ -302,7 +305,7 @@ impl Services {
         {
             let from = command.session_lost(now)?;
             if commands::save(&*txn, from, &command).await? {
-                events::append_command(&*txn, &command, Some(from), &gateway, now).await?;
+                events::append_command(&txn, &command, Some(from), &gateway, now);
                 changed.push(command);
             }
         }

@@ -53,14 +53,13 @@ impl Services {
         let now = self.clock.now();
         for (event_type, data) in batch {
             events::append_other(
-                &*txn,
+                &txn,
                 event_type,
                 None,
                 &bc_core::Actor::System,
                 data.clone(),
                 now,
-            )
-            .await?;
+            );
         }
         txn.commit().await?;
         Ok(())

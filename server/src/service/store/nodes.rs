@@ -30,6 +30,21 @@ pub async fn load(
     Ok(Some(rows::node_record(row, node_children)?))
 }
 
+/// Locks one node row until the transaction ends, without reading it (PostgreSQL; SQLite's
+/// write transaction holds the whole database already). A transaction that writes a node's
+/// session or inventory row as well as the node takes this first: node rows come first in
+/// the lock order of ARCHITECTURE.md's Invariants. Returns whether the node exists.
+pub async fn lock(conn: &impl ConnectionTrait, id: &NodeId) -> anyhow::Result<bool> {
+    let select = node::Entity::find_by_id(id.to_string())
+        .select_only()
+        .column(node::Column::Id);
+    let row = super::lock_for_update(select, conn)
+        .into_tuple::<String>()
+        .one(conn)
+        .await?;
+    Ok(row.is_some())
+}
+
 /// The child rows (labels, taints, conditions, reasons) of several nodes, four queries in all.
 async fn load_children(
     conn: &impl ConnectionTrait,
