@@ -23,7 +23,7 @@ use bc_testing::{Backend, DaemonKnobs, Progress, TestServer};
 use better_compute::config::Config;
 use sea_orm::{ConnectOptions, ConnectionTrait, Database, DatabaseConnection, Statement};
 use serde_json::{Value, json};
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -54,6 +54,11 @@ async fn a_fleet_under_load_survives_restarts_without_deadlocks_or_internal_erro
         let nodes = 200;
         let figures = restart_under_load(backend, nodes).await;
         eprintln!("restart under load, {backend:?}, {nodes} nodes: {figures:#?}");
+        assert_eq!(
+            figures.revoked,
+            3 * REVOKED_PER_RESTART as u64,
+            "{backend:?}: every revoke went through"
+        );
         assert_eq!(figures.api_internal, 0, "{backend:?}: INTERNAL answers");
         assert_eq!(
             figures.internal_errors, 0,
@@ -78,9 +83,12 @@ struct Figures {
     internal_deadlocks: u64,
     /// API answers with code `INTERNAL`.
     api_internal: u64,
-    /// API answers with another error code (`CONFLICT` and the like are expected).
-    api_other_errors: u64,
+    /// API answers with another error code, by operation and code (`CONFLICT` with a
+    /// controller, `FORBIDDEN` for a revoke that lost to another, are expected).
+    api_other_errors: BTreeMap<String, u64>,
     restarts: usize,
+    /// How long each restart took (shutdown, then start).
+    restart_durations: Vec<Duration>,
     commands_sent: u64,
     sessions_opened: u64,
     /// Daemons that joined (re-joins after a revoke not counted again).
@@ -234,7 +242,9 @@ async fn restart(
     proxy.remove(gateway_addr(&server));
     api.remove(&server.url());
     let old = gateway_addr(&server);
+    let started = std::time::Instant::now();
     let server = server.restart().await.expect("a restart");
+    figures.restart_durations.push(started.elapsed());
     // The stopped server's process would have exited, closing its sockets; in this process
     // its keep-alive connections live on, so the proxy closes them as the exit would.
     proxy.sever(old);
@@ -409,7 +419,7 @@ struct Api {
     urls: Arc<Mutex<Vec<String>>>,
     turn: Arc<AtomicU64>,
     internal: Arc<AtomicU64>,
-    other_errors: Arc<AtomicU64>,
+    other_errors: Arc<Mutex<BTreeMap<String, u64>>>,
 }
 
 impl Api {
@@ -465,8 +475,22 @@ impl Api {
                 self.internal.fetch_add(1, Ordering::Relaxed);
                 None
             }
-            Some(_) => {
-                self.other_errors.fetch_add(1, Ordering::Relaxed);
+            Some(code) => {
+                // The root field: the first word after the first brace.
+                let operation = query
+                    .split_once('{')
+                    .and_then(|(_, rest)| {
+                        rest.trim_start()
+                            .split(|c: char| !c.is_alphanumeric())
+                            .next()
+                    })
+                    .unwrap_or(query);
+                *self
+                    .other_errors
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .entry(format!("{operation}: {code}"))
+                    .or_default() += 1;
                 None
             }
         }
@@ -593,14 +617,18 @@ impl Load {
     }
 
     /// Stops the load; (INTERNAL answers, other errors, commands sent).
-    async fn stop(self) -> (u64, u64, u64) {
+    async fn stop(self) -> (u64, BTreeMap<String, u64>, u64) {
         self.stop.store(true, Ordering::Relaxed);
         for task in self.tasks {
             task.await.expect("a load task");
         }
         (
             self.api.internal.load(Ordering::Relaxed),
-            self.api.other_errors.load(Ordering::Relaxed),
+            self.api
+                .other_errors
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone(),
             self.sent.load(Ordering::Relaxed),
         )
     }
@@ -619,15 +647,17 @@ fn pick(fleet: &Fleet, revoked: &mut HashSet<String>) -> Vec<String> {
 }
 
 /// Revokes the identity of each of `ids` once (reading its version again after a
-/// `CONFLICT`), all at once: the daemons join again and their nodes are reclaimed in place,
-/// each in a transaction that also closes the node's session. Returns how many it revoked.
+/// `CONFLICT`, or trying again while no server is up), all at once: the daemons join again
+/// and their nodes are reclaimed in place, each in a transaction that also closes the
+/// node's session. Returns how many it revoked.
 fn revoke(api: &Api, ids: Vec<String>) -> JoinHandle<u64> {
     let api = api.clone();
     tokio::spawn(async move {
         let revokes = ids.into_iter().map(|id| {
             let api = api.clone();
             async move {
-                for _ in 0..20 {
+                let deadline = tokio::time::Instant::now() + SETTLE;
+                while tokio::time::Instant::now() < deadline {
                     let Some(node) = api
                         .call(
                             "query($id: ID!) { node(id: $id) { version } }",
@@ -649,6 +679,7 @@ fn revoke(api: &Api, ids: Vec<String>) -> JoinHandle<u64> {
                     {
                         return 1;
                     }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
                 }
                 0
             }
