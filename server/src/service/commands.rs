@@ -35,7 +35,9 @@ impl Services {
         filter.owner = principal.tenant.clone();
         filter.include_deleted = false;
         let txn = self.store.write().await?;
-        let targets = nodes::list(&*txn, &filter, None, MAX_COMMAND_TARGETS + 1).await?;
+        // Locked, so the safety checks below hold until the commands are queued and each
+        // target is read whole (ARCHITECTURE.md, Invariants: lock order, node rows first).
+        let targets = nodes::list_locked(&*txn, &filter, MAX_COMMAND_TARGETS + 1).await?;
         if targets.is_empty() {
             return Err(ApiError::NotFound(
                 "no node matches the command's targets".into(),
