@@ -28,6 +28,7 @@ pub struct RunningServer {
     pub gateway: Option<crate::gateway::Gateway>,
     /// Stops the live event feed.
     feed_stop: tokio::sync::watch::Sender<bool>,
+    feed: Arc<crate::feed::Feed>,
     shutdown: Option<oneshot::Sender<()>>,
     task: JoinHandle<std::io::Result<()>>,
 }
@@ -71,6 +72,7 @@ impl RunningServer {
             let _ = tx.send(());
         }
         (&mut self.task).await??;
+        self.feed.stopped().await;
         self.services.close().await;
         Ok(())
     }
@@ -114,7 +116,7 @@ pub async fn start(config: &Config, clock: Arc<dyn Clock>) -> anyhow::Result<Run
     let (feed_stop, feed_stopped) = tokio::sync::watch::channel(false);
     let feed = crate::feed::Feed::start(services.clone(), feed_stopped.clone()).await?;
     let gateway_feed = feed.clone();
-    let schema = build_schema(Some((services.clone(), feed)), &config.graphql);
+    let schema = build_schema(Some((services.clone(), feed.clone())), &config.graphql);
     crate::telemetry::metrics_handle();
 
     let listener = TcpListener::bind(config.listen).await?;
@@ -181,6 +183,7 @@ pub async fn start(config: &Config, clock: Arc<dyn Clock>) -> anyhow::Result<Run
         controllers: std::sync::Mutex::new(controllers),
         gateway: Some(gateway),
         feed_stop,
+        feed,
         shutdown: Some(tx),
         task,
     })

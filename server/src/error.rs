@@ -69,9 +69,35 @@ impl ApiError {
         }
     }
 
+    /// An internal error, counted for `/metrics` as `bc_internal_errors_total`, whose `cause`
+    /// is `deadlock` for a PostgreSQL deadlock (SQLSTATE `40P01`: a lock-order bug, see
+    /// ARCHITECTURE.md's Invariants) and `other` for anything else.
     pub fn internal(err: impl Into<anyhow::Error>) -> Self {
-        ApiError::Internal(err.into())
+        let err = err.into();
+        let cause = if is_deadlock(&err) {
+            "deadlock"
+        } else {
+            "other"
+        };
+        metrics::counter!("bc_internal_errors_total", "cause" => cause).increment(1);
+        ApiError::Internal(err)
     }
+}
+
+/// Whether `err` is PostgreSQL's `deadlock detected`.
+fn is_deadlock(err: &anyhow::Error) -> bool {
+    use sea_orm::{DbErr, RuntimeErr};
+    err.chain()
+        .any(|cause| match cause.downcast_ref::<DbErr>() {
+            Some(
+                DbErr::Exec(RuntimeErr::SqlxError(sqlx))
+                | DbErr::Query(RuntimeErr::SqlxError(sqlx)),
+            ) => sqlx
+                .as_database_error()
+                .and_then(|db| db.code())
+                .is_some_and(|code| code == "40P01"),
+            _ => false,
+        })
 }
 
 impl From<DomainError> for ApiError {
@@ -98,13 +124,13 @@ impl From<DomainError> for ApiError {
 
 impl From<anyhow::Error> for ApiError {
     fn from(err: anyhow::Error) -> Self {
-        ApiError::Internal(err)
+        ApiError::internal(err)
     }
 }
 
 impl From<sea_orm::DbErr> for ApiError {
     fn from(err: sea_orm::DbErr) -> Self {
-        ApiError::Internal(err.into())
+        ApiError::internal(err)
     }
 }
 

@@ -41,6 +41,8 @@ pub struct Feed {
     head: watch::Sender<i64>,
     /// Ends every subscriber's stream when the server shuts down.
     stopped: watch::Receiver<bool>,
+    /// The tailer and the LISTEN task, awaited by [`Feed::stopped`].
+    tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
 impl Feed {
@@ -56,13 +58,33 @@ impl Feed {
             tx,
             head,
             stopped: shutdown.clone(),
+            tasks: std::sync::Mutex::default(),
         });
         let wake = services.committed_writes();
+        let mut tasks = Vec::new();
         if let Some(listener) = services.other_writers_listener(wake.clone(), shutdown.clone()) {
-            tokio::spawn(listener);
+            tasks.push(tokio::spawn(listener));
         }
-        tokio::spawn(tail(feed.clone(), services, wake, shutdown));
+        tasks.push(tokio::spawn(tail(feed.clone(), services, wake, shutdown)));
+        *feed
+            .tasks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = tasks;
         Ok(feed)
+    }
+
+    /// Waits until the tailer and the LISTEN task have stopped (after `shutdown`), so the
+    /// database pool can close without failing a read of theirs.
+    pub async fn stopped(&self) {
+        let tasks = std::mem::take(
+            &mut *self
+                .tasks
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        for task in tasks {
+            let _ = task.await;
+        }
     }
 
     /// The newest event published.

@@ -26,10 +26,14 @@ pub struct HeartbeatWriter {
 }
 
 impl HeartbeatWriter {
-    pub fn start(services: Services, shutdown: watch::Receiver<bool>) -> HeartbeatWriter {
+    /// Starts the writer; the task ends after `shutdown` with a last flush.
+    pub fn start(
+        services: Services,
+        shutdown: watch::Receiver<bool>,
+    ) -> (HeartbeatWriter, tokio::task::JoinHandle<()>) {
         let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
-        tokio::spawn(run(services, rx, shutdown));
-        HeartbeatWriter { tx }
+        let task = tokio::spawn(run(services, rx, shutdown));
+        (HeartbeatWriter { tx }, task)
     }
 
     /// Queues one heartbeat of the session `epoch` of `node`.

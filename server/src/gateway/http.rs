@@ -143,10 +143,15 @@ async fn session(
         metrics::counter!("bc_gateway_sessions_refused_total", "code" => err.code()).increment(1);
         return error(err);
     }
+    // Counted from here to the session's last write, for a clean shutdown.
+    let task = state.session_tasks.enter();
     upgrade
         .protocols([PROTOCOL])
         .max_message_size(MAX_FRAME_BYTES)
         .max_frame_size(MAX_FRAME_BYTES)
         .read_buffer_size(SESSION_READ_BUFFER_BYTES)
-        .on_upgrade(move |socket| super::session::run(state, identity, socket))
+        .on_upgrade(move |socket| async move {
+            super::session::run(state, identity, socket).await;
+            drop(task);
+        })
 }

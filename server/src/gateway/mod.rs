@@ -25,7 +25,8 @@ use crate::listener::{
 use crate::service::Services;
 pub use heartbeats::HeartbeatWriter;
 
-/// How long a shutting-down gateway waits for its sessions to say goodbye.
+/// How long a shutting-down gateway waits for its sessions to say goodbye and record their
+/// end (commands requeued, the node `disconnected`).
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// What the gateway's handlers share.
@@ -36,6 +37,33 @@ pub(crate) struct GatewayState {
     pub heartbeat_interval: Duration,
     pub heartbeats: HeartbeatWriter,
     pub shutdown: watch::Receiver<bool>,
+    pub session_tasks: SessionTasks,
+}
+
+/// How many session tasks run, from the upgrade to the last write of their end. Shutdown
+/// waits for them before the database pool closes: a session is unregistered before it
+/// records its end, so an empty registry does not mean its writes are done.
+#[derive(Clone, Default)]
+pub(crate) struct SessionTasks(Arc<std::sync::atomic::AtomicUsize>);
+
+/// One running session task; dropping it ends the count.
+pub(crate) struct SessionTask(SessionTasks);
+
+impl SessionTasks {
+    pub fn enter(&self) -> SessionTask {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        SessionTask(self.clone())
+    }
+
+    fn running(&self) -> usize {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for SessionTask {
+    fn drop(&mut self) {
+        (self.0).0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// A running gateway.
@@ -44,6 +72,9 @@ pub struct Gateway {
     pub gateway_id: String,
     shutdown: watch::Sender<bool>,
     task: JoinHandle<()>,
+    /// The heartbeat writer and the command router, which stop with `shutdown`.
+    background: Vec<JoinHandle<()>>,
+    session_tasks: SessionTasks,
     services: Services,
 }
 
@@ -66,15 +97,19 @@ impl Gateway {
         let listener = TcpListener::bind(config.listen).await?;
         let local_addr = listener.local_addr()?;
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let (heartbeats, heartbeat_writer) =
+            HeartbeatWriter::start(services.clone(), shutdown_rx.clone());
+        let session_tasks = SessionTasks::default();
         let state = GatewayState {
-            heartbeats: HeartbeatWriter::start(services.clone(), shutdown_rx.clone()),
+            heartbeats,
             services: services.clone(),
             gateway_id: gateway_id.clone().into(),
             heartbeat_interval,
             shutdown: shutdown_rx.clone(),
+            session_tasks: session_tasks.clone(),
         };
         let app = http::router(state, config);
-        tokio::spawn(route_command_events(
+        let router = tokio::spawn(route_command_events(
             services.clone(),
             feed,
             shutdown_rx.clone(),
@@ -103,21 +138,28 @@ impl Gateway {
             gateway_id,
             shutdown: shutdown_tx,
             task,
+            background: vec![heartbeat_writer, router],
+            session_tasks,
             services,
         })
     }
 
-    /// Stops accepting, tells every session goodbye, and waits (briefly) for them to end.
+    /// Stops accepting, tells every session goodbye, and waits (briefly) for them to end and
+    /// record their end, and for the last heartbeats to be written: after this the database
+    /// pool may close without failing a write of the gateway's.
     pub async fn shutdown(self) {
         let _ = self.shutdown.send(true);
         self.services
             .sessions
             .kick_all(bc_core::protocol::close::SHUTDOWN);
         let deadline = tokio::time::Instant::now() + SHUTDOWN_GRACE;
-        while !self.services.sessions.is_empty() && tokio::time::Instant::now() < deadline {
+        while self.session_tasks.running() > 0 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let _ = self.task.await;
+        for task in self.background {
+            let _ = task.await;
+        }
     }
 }
 

@@ -40,14 +40,13 @@ impl Services {
         catalog::insert_tenant(&*txn, &tenant).await?;
         let data = serde_json::json!({ "tenantId": tenant.id, "name": name });
         events::append_other(
-            &*txn,
+            &txn,
             EventType::TenantCreated,
             Some(tenant.id.as_str()),
             &principal.actor(),
             data,
             now,
-        )
-        .await?;
+        );
         txn.commit().await?;
         Ok(tenant)
     }
@@ -98,14 +97,13 @@ impl Services {
         catalog::insert_site(&*txn, &site).await?;
         let data = serde_json::json!({ "siteId": site.id, "name": name, "kind": kind });
         events::append_other(
-            &*txn,
+            &txn,
             EventType::SiteCreated,
             owner.map(TenantId::as_str),
             &principal.actor(),
             data,
             now,
-        )
-        .await?;
+        );
         txn.commit().await?;
         Ok(site)
     }
@@ -157,14 +155,13 @@ impl Services {
         catalog::insert_pool(&*txn, &pool).await?;
         let data = serde_json::json!({ "poolId": pool.id, "siteId": pool.site_id, "name": pool.name, "kind": pool.kind });
         events::append_other(
-            &*txn,
+            &txn,
             EventType::PoolCreated,
             pool.owner_tenant_id.as_ref().map(TenantId::as_str),
             &principal.actor(),
             data,
             now,
-        )
-        .await?;
+        );
         txn.commit().await?;
         Ok(pool)
     }

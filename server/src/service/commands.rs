@@ -35,7 +35,9 @@ impl Services {
         filter.owner = principal.tenant.clone();
         filter.include_deleted = false;
         let txn = self.store.write().await?;
-        let targets = nodes::list(&*txn, &filter, None, MAX_COMMAND_TARGETS + 1).await?;
+        // Locked, so the safety checks below hold until the commands are queued and each
+        // target is read whole (ARCHITECTURE.md, Invariants: lock order, node rows first).
+        let targets = nodes::list_locked(&*txn, &filter, MAX_COMMAND_TARGETS + 1).await?;
         if targets.is_empty() {
             return Err(ApiError::NotFound(
                 "no node matches the command's targets".into(),
@@ -75,7 +77,7 @@ impl Services {
         }
         commands::insert(&*txn, &queued).await?;
         for command in &queued {
-            events::append_command(&*txn, command, None, &actor, now).await?;
+            events::append_command(&txn, command, None, &actor, now);
         }
         txn.commit().await?;
         metrics::counter!("bc_commands_sent_total", "kind" => new.kind.to_string())
@@ -107,7 +109,7 @@ impl Services {
         )?;
         let txn = self.store.write().await?;
         commands::insert(&*txn, std::slice::from_ref(&command)).await?;
-        events::append_command(&*txn, &command, None, actor, now).await?;
+        events::append_command(&txn, &command, None, actor, now);
         txn.commit().await?;
         Ok(command)
     }
@@ -173,7 +175,7 @@ impl Services {
                 current: 0,
             });
         }
-        events::append_command(&*txn, &command, Some(from), actor, now).await?;
+        events::append_command(&txn, &command, Some(from), actor, now);
         txn.commit().await?;
         Ok(command)
     }
@@ -183,6 +185,8 @@ impl Services {
     pub async fn dispatch_commands(&self, node_id: &NodeId, epoch: i64) -> ApiResult<Vec<Command>> {
         let gateway = Actor::Controller("gateway".into());
         let txn = self.store.write().await?;
+        // Every command this may change is locked here, in id order, before any is written;
+        // the events follow at commit (ARCHITECTURE.md, Invariants: lock order).
         let open = commands::of_node(
             &*txn,
             node_id,
@@ -204,7 +208,7 @@ impl Services {
             if stale {
                 let from = command.session_lost(now)?;
                 if commands::save(&*txn, from, command).await? {
-                    events::append_command(&*txn, command, Some(from), &gateway, now).await?;
+                    events::append_command(&txn, command, Some(from), &gateway, now);
                 }
             }
         }
@@ -224,7 +228,7 @@ impl Services {
             }
             let from = command.dispatch(epoch, now)?;
             if commands::save(&*txn, from, &command).await? {
-                events::append_command(&*txn, &command, Some(from), &gateway, now).await?;
+                events::append_command(&txn, &command, Some(from), &gateway, now);
                 busy.insert(command.lane);
                 sent.push(command);
             }
@@ -288,6 +292,7 @@ impl Services {
     ) -> ApiResult<Vec<Command>> {
         let gateway = Actor::Controller("gateway".into());
         let txn = self.store.write().await?;
+        // Locked up front in id order, as in `dispatch_commands`.
         let active = commands::of_node(
             &*txn,
             node_id,
@@ -302,7 +307,7 @@ impl Services {
         {
             let from = command.session_lost(now)?;
             if commands::save(&*txn, from, &command).await? {
-                events::append_command(&*txn, &command, Some(from), &gateway, now).await?;
+                events::append_command(&txn, &command, Some(from), &gateway, now);
                 changed.push(command);
             }
         }

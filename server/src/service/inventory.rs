@@ -26,8 +26,14 @@ impl Services {
         let controller = Actor::Controller("inventory".into());
         let txn = self.store.write().await?;
         let now = self.clock.now();
+        let runs_controller = matches!(section, "gpus" | "system" | "network");
+        if runs_controller {
+            // The node row before its inventory rows (ARCHITECTURE.md, Invariants: lock
+            // order), since the controller changes the node below.
+            nodes::lock(&*txn, node_id).await?;
+        }
         inventory::put_section(&*txn, node_id, section, hash, content, now).await?;
-        if matches!(section, "gpus" | "system" | "network") {
+        if runs_controller {
             let sections = inventory::sections(&*txn, node_id).await?;
             let node = nodes::load(&*txn, node_id, false)
                 .await?

@@ -102,14 +102,13 @@ impl Services {
         join_tokens::insert(&*txn, &token).await?;
         let data = serde_json::json!({ "joinTokenId": id, "siteId": token.site_id, "poolId": token.pool_id, "maxUses": max_uses });
         events::append_other(
-            &*txn,
+            &txn,
             EventType::JoinTokenCreated,
             None,
             &principal.actor(),
             data,
             now,
-        )
-        .await?;
+        );
         txn.commit().await?;
         Ok((token, format!("{id}.{secret_part}")))
     }
@@ -133,14 +132,13 @@ impl Services {
             let now = self.clock.now();
             join_tokens::revoke(&*txn, id, now).await?;
             events::append_other(
-                &*txn,
+                &txn,
                 EventType::JoinTokenRevoked,
                 None,
                 &principal.actor(),
                 serde_json::json!({ "joinTokenId": id }),
                 now,
-            )
-            .await?;
+            );
             token.revoked_at = Some(now);
         }
         txn.commit().await?;
@@ -251,8 +249,7 @@ impl Services {
                     Some(JOIN_STATE.as_static_str()),
                 )
                 .with_detail(format!("join token {}", token.id));
-                events::append_node_changes(&*txn, &node, &[change], &actor, Some("join"), now)
-                    .await?;
+                events::append_node_changes(&txn, &node, &[change], &actor, Some("join"), now);
                 node
             }
         };

@@ -58,14 +58,13 @@ impl Services {
             .await?
             .and_then(|s| s.owner_tenant_id);
         events::append_other(
-            &*txn,
+            &txn,
             event_type,
             owner.as_ref().map(|t| t.as_str()),
             actor,
             data,
             now,
-        )
-        .await?;
+        );
         txn.commit().await?;
         Ok(())
     }

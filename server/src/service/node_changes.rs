@@ -89,6 +89,10 @@ impl Services {
     /// write the node with `version + 1` and one event per change. When the identity
     /// generation moved, the node's open session is closed in the same transaction, so
     /// every gateway replica refuses its next heartbeat.
+    ///
+    /// The node row is locked here; a caller that locks another row of the node first (its
+    /// session, say) must lock the node before it ([`nodes::lock`]), to keep the lock order
+    /// of ARCHITECTURE.md's Invariants.
     #[allow(clippy::too_many_arguments)]
     pub async fn change_node_in<F>(
         &self,
@@ -126,10 +130,12 @@ impl Services {
                     current,
                 });
             }
-            events::append_node_changes(&**txn, &after, &changes, actor, Some(cause), now).await?;
+            // Lock order (ARCHITECTURE.md, Invariants): the node row, then its session row;
+            // the events are written at commit, after both.
             if after.identity_generation != before.identity_generation {
                 sessions::close_open(&**txn, id, now).await?;
             }
+            events::append_node_changes(txn, &after, &changes, actor, Some(cause), now);
         }
         metrics::counter!("bc_node_changes_total", "cause" => cause.to_owned())
             .increment(changes.len() as u64);

@@ -313,14 +313,13 @@ impl Services {
             Some(ENROLL_STATE.as_static_str()),
         );
         events::append_node_changes(
-            &*txn,
+            &txn,
             &record,
             &[change],
             &principal.actor(),
             Some("enrollNode"),
             now,
-        )
-        .await?;
+        );
         txn.commit().await?;
         self.detail_of(self.store.db(), vec![record])
             .await?

@@ -14,7 +14,6 @@ use crate::error::{ApiError, ApiResult};
 use crate::pki::NodeIdentity;
 
 /// A session the gateway opened.
-/// A session the gateway opened.
 pub struct OpenedSession {
     pub epoch: i64,
     pub want_sections: Vec<String>,
@@ -35,6 +34,9 @@ impl Services {
         let gateway = Actor::Controller("gateway".into());
         let txn = self.store.write().await?;
         let generation = identity.identity_generation;
+        // The node row before its session row (ARCHITECTURE.md, Invariants: lock order).
+        // Two hellos of one node also take their epochs one after the other this way.
+        nodes::lock(&*txn, &identity.node_id).await?;
         let epoch = sessions::open(&*txn, &identity.node_id, gateway_id, self.clock.now()).await?;
         let cause = format!("session:{epoch}");
         let (node, changes) = self
@@ -79,6 +81,8 @@ impl Services {
         let gateway = Actor::Controller("gateway".into());
         let txn = self.store.write().await?;
         let now = self.clock.now();
+        // The node row before its session row (ARCHITECTURE.md, Invariants: lock order).
+        nodes::lock(&*txn, node_id).await?;
         // Still the node's latest session: its end disconnects the node, even when the row
         // was already closed (a revoked identity closes it in the revoking transaction).
         let closed = sessions::close(&*txn, node_id, epoch, now).await?;

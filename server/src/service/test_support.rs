@@ -12,6 +12,10 @@ use super::Services;
 use super::store::{capacity, events, nodes};
 use crate::error::ApiResult;
 
+/// The key of PostgreSQL's transaction-scoped advisory lock that orders event writers, so
+/// a test can hold it and interleave writers step by step (the lock-order test).
+pub use super::store::events::EVENT_ORDER_LOCK;
+
 impl Services {
     /// Writes these nodes straight into storage, in one transaction: the fixture for tests
     /// that need states the API cannot reach quickly (or at all).
@@ -50,14 +54,13 @@ impl Services {
         let now = self.clock.now();
         for (event_type, data) in batch {
             events::append_other(
-                &*txn,
+                &txn,
                 *event_type,
                 None,
                 &bc_core::Actor::System,
                 data.clone(),
                 now,
-            )
-            .await?;
+            );
         }
         txn.commit().await?;
         Ok(())

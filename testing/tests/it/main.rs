@@ -2,3 +2,5 @@
 
 mod fleet;
 mod lifecycle;
+mod lock_order;
+mod restart_under_load;

@@ -1,5 +1,6 @@
-//! The event log: one row per change, written in the transaction of the change. The
-//! sequence number is the event's id and the resume cursor.
+//! The event log: one row per change, written in the transaction of the change as its last
+//! write (the `append_*` functions collect, [`WriteTxn::commit`] writes). The sequence
+//! number is the event's id and the resume cursor.
 
 use bc_core::Actor;
 use bc_core::event::{Axis, Change, EventType, RecordedEvent};
@@ -10,8 +11,8 @@ use chrono::{DateTime, Utc};
 use sea_orm::ActiveValue::{NotSet, Set};
 use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 
-use super::Store;
 use super::rows::recorded_event;
+use super::{Store, WriteTxn};
 
 /// The PostgreSQL channel that announces new events to every replica. `pg_notify` is
 /// transactional: listeners hear it only when (and if) the transaction commits.
@@ -19,13 +20,20 @@ pub const NOTIFY_CHANNEL: &str = "bc_events";
 /// How long to wait before re-opening a dropped LISTEN connection.
 const LISTEN_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 /// The advisory lock that orders event writers (an arbitrary constant, unique to us).
-const EVENT_ORDER_LOCK: i64 = 0x6263_6576_7473;
+pub const EVENT_ORDER_LOCK: i64 = 0x6263_6576_7473;
+/// Events per INSERT when a transaction writes its events (PostgreSQL takes at most 65,535
+/// parameters per statement, and an event has ten).
+const EVENTS_PER_INSERT: usize = 1_000;
 
 /// Makes `seq` order equal commit order on PostgreSQL, so a reader that follows
 /// `seq > last` never skips an event that commits late: the transaction takes a lock held
-/// until it commits, and only then takes its sequence numbers. The lock is taken as the
-/// last step of a change (right before its events are written), so the serialised stretch is
-/// the insert and the commit. SQLite has one writer at a time already.
+/// until it commits, and only then takes its sequence numbers. SQLite has one writer at a
+/// time already.
+///
+/// It is the last lock a transaction takes (ARCHITECTURE.md, Invariants: lock order): only
+/// [`write_pending`] calls it, from [`WriteTxn::commit`], after every other write, so a
+/// writer never waits for a row while holding it and the serialised stretch is the event
+/// insert and the commit.
 async fn order_events(conn: &impl ConnectionTrait) -> Result<(), sea_orm::DbErr> {
     if conn.get_database_backend() == sea_orm::DbBackend::Postgres {
         conn.execute_unprepared(&format!(
@@ -36,20 +44,34 @@ async fn order_events(conn: &impl ConnectionTrait) -> Result<(), sea_orm::DbErr>
     Ok(())
 }
 
-/// Appends one event per change of `node`.
-pub async fn append_node_changes(
+/// Writes a transaction's events, in the order they were appended: the event-order lock,
+/// then the inserts. [`WriteTxn::commit`] calls it just before `COMMIT`.
+pub(super) async fn write_pending(
     conn: &impl ConnectionTrait,
+    rows: Vec<event::ActiveModel>,
+) -> Result<(), sea_orm::DbErr> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    order_events(conn).await?;
+    for chunk in rows.chunks(EVENTS_PER_INSERT) {
+        event::Entity::insert_many(chunk.iter().cloned())
+            .exec_without_returning(conn)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Appends one event per change of `node`, written when `txn` commits.
+pub fn append_node_changes(
+    txn: &WriteTxn,
     node: &NodeRecord,
     changes: &[Change],
     actor: &Actor,
     cause: Option<&str>,
     now: DateTime<Utc>,
-) -> Result<(), sea_orm::DbErr> {
-    if changes.is_empty() {
-        return Ok(());
-    }
-    order_events(conn).await?;
-    let rows = changes.iter().map(|change| event::ActiveModel {
+) {
+    txn.append_events(changes.iter().map(|change| event::ActiveModel {
         seq: NotSet,
         node_id: Set(Some(node.id.to_string())),
         tenant_id: Set(node.owner_tenant_id.as_ref().map(ToString::to_string)),
@@ -61,25 +83,21 @@ pub async fn append_node_changes(
         cause: Set(cause.map(str::to_owned)),
         data: Set(serde_json::json!({ "detail": change.detail, "version": node.version })),
         created_at: Set(now),
-    });
-    event::Entity::insert_many(rows)
-        .exec_without_returning(conn)
-        .await?;
-    Ok(())
+    }));
 }
 
 /// Appends one event that is not about a single node axis (a tenant, site, pool or join token
-/// created or revoked, a site's liveness paused or resumed).
-pub async fn append_other(
-    conn: &impl ConnectionTrait,
+/// created or revoked, a site's liveness paused or resumed),
+/// written when `txn` commits.
+pub fn append_other(
+    txn: &WriteTxn,
     event_type: EventType,
     tenant_id: Option<&str>,
     actor: &Actor,
     data: serde_json::Value,
     now: DateTime<Utc>,
-) -> Result<(), sea_orm::DbErr> {
-    order_events(conn).await?;
-    let row = event::ActiveModel {
+) {
+    txn.append_events([event::ActiveModel {
         seq: NotSet,
         node_id: Set(None),
         tenant_id: Set(tenant_id.map(str::to_owned)),
@@ -91,11 +109,7 @@ pub async fn append_other(
         cause: Set(None),
         data: Set(data),
         created_at: Set(now),
-    };
-    event::Entity::insert(row)
-        .exec_without_returning(conn)
-        .await?;
-    Ok(())
+    }]);
 }
 
 /// Events after `after`, oldest first, at most `limit`: the feed's read.
@@ -163,16 +177,16 @@ pub async fn latest_of_type(
         .transpose()
 }
 
-/// Appends the event of one command status change (`command.<status>`).
-pub async fn append_command(
-    conn: &impl ConnectionTrait,
+/// Appends the event of one command status change (`command.<status>`), written when `txn`
+/// commits.
+pub fn append_command(
+    txn: &WriteTxn,
     command: &bc_core::command::Command,
     from: Option<bc_core::command::CommandStatus>,
     actor: &Actor,
     now: DateTime<Utc>,
-) -> Result<(), sea_orm::DbErr> {
-    order_events(conn).await?;
-    let row = event::ActiveModel {
+) {
+    txn.append_events([event::ActiveModel {
         seq: NotSet,
         node_id: Set(Some(command.node_id.to_string())),
         tenant_id: Set(command.tenant_id.as_ref().map(ToString::to_string)),
@@ -192,11 +206,7 @@ pub async fn append_command(
             "error": command.error,
         })),
         created_at: Set(now),
-    };
-    event::Entity::insert(row)
-        .exec_without_returning(conn)
-        .await?;
-    Ok(())
+    }]);
 }
 
 /// On PostgreSQL, a task that wakes `wake` whenever any replica commits events (`LISTEN` on

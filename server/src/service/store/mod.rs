@@ -47,14 +47,51 @@ pub struct Store {
 }
 
 /// A write transaction, holding the SQLite write lock (if any) until it ends.
+///
+/// Its events are collected as the transaction goes ([`events::append_node_changes`] and
+/// the like) and written by [`WriteTxn::commit`] after every other write, so the
+/// event-order lock is always the last lock a transaction takes: the lock order of
+/// ARCHITECTURE.md's Invariants, which every write transaction follows.
 pub struct WriteTxn {
-    pub txn: DatabaseTransaction,
+    txn: DatabaseTransaction,
     _guard: Option<OwnedMutexGuard<()>>,
     committed: Arc<Notify>,
+    /// The events to write at commit, in the order they were appended.
+    events: std::sync::Mutex<Vec<bc_entity::event::ActiveModel>>,
 }
 
 impl WriteTxn {
+    fn new(
+        txn: DatabaseTransaction,
+        guard: Option<OwnedMutexGuard<()>>,
+        committed: Arc<Notify>,
+    ) -> WriteTxn {
+        WriteTxn {
+            txn,
+            _guard: guard,
+            committed,
+            events: std::sync::Mutex::default(),
+        }
+    }
+
+    /// Queues events to be written at commit.
+    fn append_events(&self, rows: impl IntoIterator<Item = bc_entity::event::ActiveModel>) {
+        self.events
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .extend(rows);
+    }
+
+    /// Writes the transaction's events (taking the event-order lock first, on PostgreSQL)
+    /// and commits.
     pub async fn commit(self) -> Result<(), sea_orm::DbErr> {
+        let events = std::mem::take(
+            &mut *self
+                .events
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        events::write_pending(&self.txn, events).await?;
         self.txn.commit().await?;
         self.committed.notify_one();
         Ok(())
@@ -128,17 +165,13 @@ impl Store {
                         ..TransactionOptions::default()
                     })
                     .await?;
-                Ok(WriteTxn {
-                    txn,
-                    _guard: Some(guard),
-                    committed: self.committed.clone(),
-                })
+                Ok(WriteTxn::new(txn, Some(guard), self.committed.clone()))
             }
-            None => Ok(WriteTxn {
-                txn: self.db.begin().await?,
-                _guard: None,
-                committed: self.committed.clone(),
-            }),
+            None => Ok(WriteTxn::new(
+                self.db.begin().await?,
+                None,
+                self.committed.clone(),
+            )),
         }
     }
 

@@ -30,6 +30,21 @@ pub async fn load(
     Ok(Some(rows::node_record(row, node_children)?))
 }
 
+/// Locks one node row until the transaction ends, without reading it (PostgreSQL; SQLite's
+/// write transaction holds the whole database already). A transaction that writes a node's
+/// session or inventory row as well as the node takes this first: node rows come first in
+/// the lock order of ARCHITECTURE.md's Invariants. Returns whether the node exists.
+pub async fn lock(conn: &impl ConnectionTrait, id: &NodeId) -> anyhow::Result<bool> {
+    let select = node::Entity::find_by_id(id.to_string())
+        .select_only()
+        .column(node::Column::Id);
+    let row = super::lock_for_update(select, conn)
+        .into_tuple::<String>()
+        .one(conn)
+        .await?;
+    Ok(row.is_some())
+}
+
 /// The child rows (labels, taints, conditions, reasons) of several nodes, four queries in all.
 async fn load_children(
     conn: &impl ConnectionTrait,
@@ -197,15 +212,39 @@ pub async fn list(
     after: Option<&str>,
     limit: u64,
 ) -> anyhow::Result<Vec<NodeRecord>> {
+    list_with(conn, filter, after, limit, false).await
+}
+
+/// [`list`] inside a write transaction: the nodes are locked `FOR SHARE` (PostgreSQL), in id
+/// order, until the transaction ends. A write transaction reads committed data statement by
+/// statement, so without the lock a node changed between the read of its row and of its
+/// child rows would be torn (and reported as corrupt); with it, no node changes under the
+/// caller's checks until it commits. Node rows come first in the lock order of
+/// ARCHITECTURE.md's Invariants.
+pub async fn list_locked(
+    conn: &impl ConnectionTrait,
+    filter: &NodeFilter,
+    limit: u64,
+) -> anyhow::Result<Vec<NodeRecord>> {
+    list_with(conn, filter, None, limit, true).await
+}
+
+async fn list_with(
+    conn: &impl ConnectionTrait,
+    filter: &NodeFilter,
+    after: Option<&str>,
+    limit: u64,
+    lock: bool,
+) -> anyhow::Result<Vec<NodeRecord>> {
     let mut select = node::Entity::find().filter(filter.condition());
     if let Some(after) = after {
         select = select.filter(node::Column::Id.gt(after));
     }
-    let rows = select
-        .order_by_asc(node::Column::Id)
-        .limit(limit)
-        .all(conn)
-        .await?;
+    let mut select = select.order_by_asc(node::Column::Id).limit(limit);
+    if lock && conn.get_database_backend() == sea_orm::DbBackend::Postgres {
+        select = select.lock_shared();
+    }
+    let rows = select.all(conn).await?;
     let ids: Vec<String> = rows.iter().map(|r| r.id.clone()).collect();
     let mut children = load_children(conn, &ids).await?;
     rows.into_iter()

@@ -81,12 +81,18 @@ pub async fn current_epoch(
 
 /// Records heartbeats: `last_seen` of each (node, epoch) that is still the current, open
 /// session. Returns the entries that were not (their session was superseded or closed).
+///
+/// The rows are updated in node id order, whatever the order of `beats`: two batches (two
+/// replicas') lock the session rows they share in the same order (ARCHITECTURE.md,
+/// Invariants: lock order).
 pub async fn record_heartbeats(
     conn: &impl ConnectionTrait,
     beats: &[(NodeId, i64, DateTime<Utc>)],
 ) -> anyhow::Result<Vec<(NodeId, i64)>> {
+    let mut ordered: Vec<&(NodeId, i64, DateTime<Utc>)> = beats.iter().collect();
+    ordered.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
     let mut stale = Vec::new();
-    for (node_id, epoch, at) in beats {
+    for (node_id, epoch, at) in ordered {
         let result = node_session::Entity::update_many()
             .col_expr(
                 node_session::Column::LastSeen,

@@ -1,0 +1,207 @@
+//! The lock order of ARCHITECTURE.md's Invariants, driven step by step on PostgreSQL (issue
+//! 17, item 6): two real use cases on one node, interleaved by holding the event-order lock
+//! from a connection of the test's own, so that each takes its first locks and then waits
+//! where the order says it may.
+//!
+//! A revoke (any change that replaces a node's identity closes the node's open session in
+//! its transaction) races a session starting or ending on the same node:
+//!
+//! - the revoke locks the node row and waits for the event-order lock, held by the test;
+//! - the session's transaction starts and waits behind the revoke;
+//! - the test lets the event-order lock go.
+//!
+//! When the session's transaction takes the session row before the node row, and the revoke
+//! takes the session row after the node row and the event-order lock, the two wait on each
+//! other and PostgreSQL aborts one (`deadlock detected`, an `INTERNAL`). In one order (node,
+//! session, …, the event-order lock last, at commit) the session waits for the revoke to
+//! commit and then finds the identity replaced (`FORBIDDEN`) or the node still its own.
+//!
+//! SQLite has one writer at a time and no row locks: nothing to interleave there.
+
+use bc_core::ids::NodeId;
+use bc_testing::{Backend, TestServer};
+use better_compute::error::ApiError;
+use better_compute::pki::NodeIdentity;
+use better_compute::service::test_support::EVENT_ORDER_LOCK;
+use sea_orm::{
+    ConnectOptions, ConnectionTrait, Database, DatabaseConnection, Statement, TransactionTrait,
+};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Bounds for waits that take milliseconds when all is well.
+const SETTLE: Duration = Duration::from_secs(60);
+
+/// What the session's side does while the revoke is under way.
+#[derive(Debug, Clone, Copy)]
+enum SessionStep {
+    /// A daemon says hello again: a new session (epoch), `connected`.
+    Opens,
+    /// The node's open session ends: `disconnected`.
+    Closes,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoke_racing_a_session_start_or_end_on_the_node_does_not_deadlock() {
+    if !Backend::selected().contains(&Backend::Postgres) {
+        return;
+    }
+    let s = TestServer::start(Backend::Postgres)
+        .await
+        .expect("a PostgreSQL test server");
+    let (site, pool) = s.site_and_pool(8).await;
+    for (n, step) in [SessionStep::Opens, SessionStep::Closes]
+        .into_iter()
+        .enumerate()
+    {
+        let node = s.enroll(&site, &pool, &format!("race-{n}")).await;
+        let id = node["id"].as_str().expect("a node id");
+        race(&s, id, step).await;
+    }
+    s.stop().await;
+}
+
+async fn race(s: &TestServer, id: &str, step: SessionStep) {
+    let services = s.server.services.clone();
+    let identity = NodeIdentity {
+        node_id: NodeId::parse(id).expect("a node id"),
+        identity_generation: 1,
+    };
+    // The node has an open session (epoch 1), as a connected node has.
+    let open = services
+        .open_session(&identity, "gw-first", &BTreeMap::new(), 0)
+        .await
+        .unwrap_or_else(|e| panic!("opening the first session: {}", e.message()));
+
+    let watcher = own_connection(s).await;
+    let holder = own_connection(s).await;
+    let held = holder.begin().await.expect("a transaction");
+    held.execute_unprepared(&format!("SELECT pg_advisory_xact_lock({EVENT_ORDER_LOCK})"))
+        .await
+        .expect("the event-order lock");
+
+    // 1. The revoke locks the node and waits for the event-order lock.
+    let version = node_version(s, id).await;
+    let revoke = tokio::spawn(gql(
+        s.url(),
+        s.admin_token().to_owned(),
+        "mutation($input: ReasonedNodeInput!) { revokeNodeIdentity(input: $input) { identityGeneration } }",
+        json!({ "input": { "id": id, "version": version, "reason": "lock order" } }),
+    ));
+    wait_for_waiters(&watcher, "wait_event = 'advisory'", 1).await;
+
+    // 2. The session's transaction starts and waits behind the revoke.
+    let session = tokio::spawn({
+        let services = services.clone();
+        let identity = NodeIdentity {
+            node_id: identity.node_id.clone(),
+            identity_generation: identity.identity_generation,
+        };
+        async move {
+            match step {
+                SessionStep::Opens => services
+                    .open_session(&identity, "gw-second", &BTreeMap::new(), 0)
+                    .await
+                    .map(|_| ()),
+                SessionStep::Closes => services.close_session(&identity.node_id, open.epoch).await,
+            }
+        }
+    });
+    wait_for_waiters(&watcher, "true", 2).await;
+
+    // 3. The event-order lock goes; both finish, in some order.
+    held.commit().await.expect("releasing the event-order lock");
+    let revoked = revoke.await.expect("the revoke");
+    let session = session.await.expect("the session step");
+    eprintln!(
+        "{step:?}: revoke answered {revoked}; the session step: {:?}",
+        session
+            .as_ref()
+            .map_err(|e| format!("{}: {}", e.code(), internal_detail(e)))
+    );
+    assert!(
+        revoked.get("errors").is_none_or(Value::is_null),
+        "{step:?}: the revoke failed: {revoked}"
+    );
+    assert_eq!(
+        revoked["data"]["revokeNodeIdentity"]["identityGeneration"],
+        2
+    );
+    match session {
+        Ok(()) | Err(ApiError::Forbidden(_)) => {}
+        Err(err) => panic!(
+            "{step:?}: the session step failed with {}: {}",
+            err.code(),
+            internal_detail(&err)
+        ),
+    }
+    watcher.close().await.expect("closing");
+    holder.close().await.expect("closing");
+}
+
+/// The source of an internal error (`deadlock detected`, say), or the message.
+fn internal_detail(err: &ApiError) -> String {
+    match err {
+        ApiError::Internal(source) => format!("{source:#}"),
+        other => other.message(),
+    }
+}
+
+/// Waits until `count` backends of the test database wait for a lock and match `filter`.
+async fn wait_for_waiters(watcher: &DatabaseConnection, filter: &str, count: i64) {
+    let deadline = tokio::time::Instant::now() + SETTLE;
+    loop {
+        let row = watcher
+            .query_one_raw(Statement::from_string(
+                watcher.get_database_backend(),
+                format!(
+                    "SELECT count(*) AS waiting FROM pg_stat_activity \
+                     WHERE datname = current_database() AND wait_event_type = 'Lock' AND {filter}"
+                ),
+            ))
+            .await
+            .expect("pg_stat_activity")
+            .expect("a row");
+        let waiting: i64 = row.try_get("", "waiting").expect("a count");
+        if waiting == count {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{waiting} backends wait ({filter}), not {count}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A connection of the test's own (a pool of one).
+async fn own_connection(s: &TestServer) -> DatabaseConnection {
+    let mut options = ConnectOptions::new(s.database_url().to_owned());
+    options.max_connections(1).sqlx_logging(false);
+    Database::connect(options).await.expect("a connection")
+}
+
+async fn node_version(s: &TestServer, id: &str) -> i64 {
+    s.admin(
+        "query($id: ID!) { node(id: $id) { version } }",
+        json!({ "id": id }),
+    )
+    .await["node"]["version"]
+        .as_i64()
+        .expect("a version")
+}
+
+/// One GraphQL operation over HTTP; the whole answer.
+async fn gql(url: String, token: String, query: &'static str, variables: Value) -> Value {
+    reqwest::Client::new()
+        .post(format!("{url}/graphql"))
+        .bearer_auth(token)
+        .json(&json!({ "query": query, "variables": variables }))
+        .send()
+        .await
+        .expect("the server answers")
+        .json()
+        .await
+        .expect("a JSON answer")
+}
