@@ -146,7 +146,7 @@ async fn dashboard(State(state): State<AppState>, request: axum::extract::Reques
 async fn graphql(
     State(state): State<AppState>,
     headers: HeaderMap,
-    request: GraphQLRequest,
+    request: GraphQLRequest<crate::graphql::limits::BodyRejection>,
 ) -> Response {
     let header = headers
         .get(header::AUTHORIZATION)

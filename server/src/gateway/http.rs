@@ -34,7 +34,7 @@ pub fn router(state: GatewayState) -> Router {
 /// An error answer: the same codes as the GraphQL API, with an HTTP status.
 fn error(err: ApiError) -> Response {
     let status = match &err {
-        ApiError::BadUserInput(_) => StatusCode::BAD_REQUEST,
+        ApiError::BadUserInput(_) | ApiError::InvalidField { .. } => StatusCode::BAD_REQUEST,
         ApiError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
         ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
         ApiError::NotFound(_) => StatusCode::NOT_FOUND,

@@ -4,6 +4,7 @@
 //! [`crate::error::ApiError`]s with stable `extensions.code`s.
 
 pub mod inputs;
+pub mod limits;
 pub mod mutation;
 pub mod query;
 pub mod subscription;
@@ -94,6 +95,7 @@ impl async_graphql::extensions::ExtensionFactory for ErrorCodes {
 
 fn ensure_codes(response: &mut async_graphql::Response) {
     for error in &mut response.errors {
+        limits::bound_message(&mut error.message);
         let extensions = error.extensions.get_or_insert_with(Default::default);
         if extensions.get("code").is_none() {
             extensions.set("code", "BAD_USER_INPUT");

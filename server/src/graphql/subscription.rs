@@ -10,6 +10,7 @@ use futures::{Stream, StreamExt};
 use std::sync::Arc;
 
 use super::inputs::NodeFilterInput;
+use super::limits::{Field, MAX_EVENT_TYPES, Text, Validated};
 use super::query::node_filter;
 use super::types::{Event, NodeDetail};
 use super::{principal, services};
@@ -120,10 +121,11 @@ fn start_cursor(after: Option<&ID>) -> Result<Option<i64>, ApiError> {
 /// Node changes matching `filter`, optionally only those of one axis.
 async fn node_change_stream(
     ctx: &Context<'_>,
-    filter: Option<NodeFilterInput>,
+    filter: Option<Validated<NodeFilterInput>>,
     after: Option<ID>,
     only_axis: Option<&'static str>,
 ) -> async_graphql::Result<impl Stream<Item = async_graphql::Result<NodeChange>> + Send + 'static> {
+    let filter = filter.map(|f| f.check("filter")).transpose()?;
     let services = services(ctx)?.clone();
     let principal = principal(ctx)?.clone();
     let feed = ctx.data::<Arc<Feed>>()?.clone();
@@ -265,6 +267,9 @@ impl SubscriptionRoot {
         >,
         node_id: Option<ID>,
     ) -> async_graphql::Result<impl Stream<Item = async_graphql::Result<Event>>> {
+        Field::argument("types").list_opt(types.as_deref(), MAX_EVENT_TYPES, |at, t| {
+            at.text(t, Text::EventType)
+        })?;
         let services = services(ctx)?.clone();
         let principal = principal(ctx)?.clone();
         let feed = ctx.data::<Arc<Feed>>()?.clone();
@@ -298,7 +303,7 @@ impl SubscriptionRoot {
     async fn node_changes(
         &self,
         ctx: &Context<'_>,
-        filter: Option<NodeFilterInput>,
+        filter: Option<Validated<NodeFilterInput>>,
         after: Option<ID>,
     ) -> async_graphql::Result<impl Stream<Item = async_graphql::Result<NodeChange>>> {
         node_change_stream(ctx, filter, after, None).await
@@ -309,7 +314,7 @@ impl SubscriptionRoot {
     async fn connectivity_changes(
         &self,
         ctx: &Context<'_>,
-        filter: Option<NodeFilterInput>,
+        filter: Option<Validated<NodeFilterInput>>,
         after: Option<ID>,
     ) -> async_graphql::Result<impl Stream<Item = async_graphql::Result<NodeChange>>> {
         node_change_stream(ctx, filter, after, Some("connectivity")).await
