@@ -101,10 +101,13 @@ impl Placement {
     }
 }
 
+/// The longest name of a tenant, site or pool (bytes).
+pub const MAX_NAME_LEN: usize = 100;
+
 /// Names of tenants, sites and pools: short, printable, no surrounding spaces.
 pub fn validate_name(kind: &str, name: &str) -> Result<(), crate::DomainError> {
     let valid = !name.is_empty()
-        && name.len() <= 100
+        && name.len() <= MAX_NAME_LEN
         && name.trim() == name
         && name.chars().all(|c| !c.is_control());
     if valid {

@@ -42,6 +42,8 @@ axis_enum!(
 
 /// How long a command may wait in the queue before it expires, unless the sender says.
 pub const DEFAULT_QUEUE_TTL: Duration = Duration::hours(1);
+/// The longest a sender may let a command wait in the queue.
+pub const MAX_QUEUE_TTL: Duration = Duration::days(30);
 /// The most output a command keeps (bytes); the daemon truncates, the control plane enforces.
 pub const MAX_OUTPUT_BYTES: usize = 64 * 1024;
 /// The longest timeout a sender may ask for.
@@ -297,6 +299,15 @@ impl Command {
                 MAX_TIMEOUT.num_hours()
             )));
         }
+        if new
+            .ttl
+            .is_some_and(|ttl| ttl <= Duration::zero() || ttl > MAX_QUEUE_TTL)
+        {
+            return Err(DomainError::BadInput(format!(
+                "a command waits in the queue between 1 second and {} days",
+                MAX_QUEUE_TTL.num_days()
+            )));
+        }
         let not_before = new.not_before.unwrap_or(now).max(now);
         let expires_at = expiry(not_before, new.ttl);
         if expires_at <= now {
@@ -338,14 +349,11 @@ impl Command {
     ) -> Result<CommandStatus, DomainError> {
         let from = self.status;
         if !from.can_move_to(to) {
-            return Err(DomainError::InvalidState {
+            return Err(DomainError::CommandState {
+                id: self.id.to_string(),
                 current: from.to_string(),
                 attempted: to.to_string(),
-                allowed: crate::command::CommandStatus::ALL
-                    .iter()
-                    .filter(|s| from.can_move_to(**s))
-                    .map(|s| s.to_string())
-                    .collect(),
+                finished: from.is_final(),
             });
         }
         self.status = to;
@@ -446,9 +454,10 @@ impl Command {
     }
 }
 
-/// When a queued command expires.
+/// When a queued command expires (the end of time rather than an overflow).
 pub fn expiry(now: DateTime<Utc>, ttl: Option<Duration>) -> DateTime<Utc> {
-    now + ttl.unwrap_or(DEFAULT_QUEUE_TTL)
+    now.checked_add_signed(ttl.unwrap_or(DEFAULT_QUEUE_TTL))
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
 }
 
 /// Cuts `output` to [`MAX_OUTPUT_BYTES`] on a character boundary, saying so at the end.

@@ -14,6 +14,18 @@ pub enum DomainError {
         attempted: String,
         allowed: Vec<String>,
     },
+    /// A command asked to become `attempted` from a status that does not allow it (a finished
+    /// command cannot be cancelled, started or finished again).
+    #[error(
+        "command {id} is {current}{}; it cannot become {attempted}",
+        if *finished { " (finished)" } else { "" }
+    )]
+    CommandState {
+        id: String,
+        current: String,
+        attempted: String,
+        finished: bool,
+    },
     /// The caller's `version` is stale: the node changed since it was read.
     #[error("the node changed since version {expected}; its current version is {current}")]
     Conflict { expected: i64, current: i64 },

@@ -24,6 +24,12 @@ pub enum ApiError {
     Unauthenticated(String),
     Forbidden(String),
     BadUserInput(String),
+    /// `BAD_USER_INPUT` about one field of the input, named in `extensions.field`
+    /// (`input.reason`, `filter.labels[0].key`); see `graphql::limits`.
+    InvalidField {
+        field: String,
+        message: String,
+    },
     /// A subscriber fell too far behind the live feed; it resumes from `cursor`.
     ResumeRequired {
         cursor: String,
@@ -41,7 +47,7 @@ impl ApiError {
             ApiError::NotFound(_) => "NOT_FOUND",
             ApiError::Unauthenticated(_) => "UNAUTHENTICATED",
             ApiError::Forbidden(_) => "FORBIDDEN",
-            ApiError::BadUserInput(_) => "BAD_USER_INPUT",
+            ApiError::BadUserInput(_) | ApiError::InvalidField { .. } => "BAD_USER_INPUT",
             ApiError::ResumeRequired { .. } => "RESUME_REQUIRED",
             ApiError::Internal(_) => "INTERNAL",
         }
@@ -59,7 +65,8 @@ impl ApiError {
             ApiError::NotFound(m)
             | ApiError::Unauthenticated(m)
             | ApiError::Forbidden(m)
-            | ApiError::BadUserInput(m) => m.clone(),
+            | ApiError::BadUserInput(m)
+            | ApiError::InvalidField { message: m, .. } => m.clone(),
             ApiError::ResumeRequired { cursor } => {
                 format!(
                     "the subscription fell too far behind; resubscribe with after: \"{cursor}\""
@@ -108,17 +115,126 @@ impl From<DomainError> for ApiError {
                 current,
                 attempted,
                 allowed,
-            } => ApiError::InvalidState {
-                message,
+            } => invalid_move(&current, &attempted, &allowed),
+            DomainError::CommandState {
+                id,
                 current,
                 attempted,
-                allowed,
-            },
+                finished,
+            } => invalid_command_status(&id, &current, &attempted, finished),
             DomainError::Conflict { expected, current } => ApiError::Conflict { expected, current },
             DomainError::NotFound { .. } => ApiError::NotFound(message),
             DomainError::BadInput(_) => ApiError::BadUserInput(message),
             DomainError::Forbidden(_) => ApiError::Forbidden(message),
         }
+    }
+}
+
+/// The API's spelling of a domain enum value: `finish-deploy` is `FINISH_DEPLOY`, as
+/// async-graphql names the variants of the GraphQL enums (pinned by a test below).
+fn api_enum(domain: &str) -> String {
+    domain.replace('-', "_").to_ascii_uppercase()
+}
+
+/// The API's spelling of a `provisionState` move, if `domain` is one: only moves the GraphQL
+/// `ProvisionMove` enum can express (`delete` is `deleteNode`, not a move).
+fn api_move(domain: &str) -> Option<String> {
+    domain
+        .parse::<bc_core::provision::ProvisionMove>()
+        .ok()
+        .map(|m| api_enum(m.as_ref()))
+}
+
+/// Joins `items` as prose: `A`, `A or B`, `A, B or C`.
+fn alternatives(items: &[String]) -> String {
+    match items {
+        [] => String::new(),
+        [only] => only.clone(),
+        [init @ .., last] => format!("{} or {last}", init.join(", ")),
+    }
+}
+
+/// `INVALID_STATE` for a `provisionState` move or a deletion, in the API's words: the state and
+/// the moves as the GraphQL enums spell them, and only moves `transitionNode` takes in
+/// `allowed`, so a client can send any of them back as it is.
+fn invalid_move(current: &str, attempted: &str, allowed: &[String]) -> ApiError {
+    let state = current
+        .parse::<bc_core::axes::ProvisionState>()
+        .map_or_else(|_| current.to_owned(), |s| api_enum(s.as_ref()));
+    let moves: Vec<String> = allowed.iter().filter_map(|m| api_move(m)).collect();
+    let deletable = allowed.iter().any(|m| m == "delete");
+    let what_is_allowed = match (moves.is_empty(), deletable) {
+        (false, false) => format!("the moves allowed from {state} are {}", moves.join(", ")),
+        (false, true) => format!(
+            "the moves allowed from {state} are {} (and deleteNode)",
+            moves.join(", ")
+        ),
+        (true, true) => format!("no move is allowed from {state} (but deleteNode is)"),
+        (true, false) => format!("no move is allowed from {state}"),
+    };
+    let (attempted, message) = match api_move(attempted) {
+        Some(action) => {
+            let message = format!("cannot {action} a node that is {state}; {what_is_allowed}");
+            (action, message)
+        }
+        None => {
+            let deletable: Vec<String> = bc_core::provision::DELETABLE_STATES
+                .iter()
+                .map(|s| api_enum(s.as_ref()))
+                .collect();
+            let message = format!(
+                "cannot delete a node that is {state} (only {} nodes can be); {what_is_allowed}",
+                alternatives(&deletable)
+            );
+            ("deleteNode".to_owned(), message)
+        }
+    };
+    ApiError::InvalidState {
+        message,
+        current: state,
+        attempted,
+        allowed: moves,
+    }
+}
+
+/// `INVALID_STATE` for a command: a sentence about the command, its status as the API spells
+/// it, and no moves (`cancelCommand` is the only one a client makes, and it is what failed).
+fn invalid_command_status(id: &str, current: &str, attempted: &str, finished: bool) -> ApiError {
+    use bc_core::command::CommandStatus;
+    let status = |s: &str| {
+        s.parse::<CommandStatus>()
+            .map_or_else(|_| s.to_owned(), |s| api_enum(s.as_ref()))
+    };
+    let current = status(current);
+    let cancel = attempted.parse::<CommandStatus>() == Ok(CommandStatus::Cancelled);
+    let (attempted, message) = if cancel {
+        let cancellable: Vec<String> = CommandStatus::ALL
+            .iter()
+            .filter(|s| s.can_move_to(CommandStatus::Cancelled))
+            .map(|s| api_enum(s.as_ref()))
+            .collect();
+        let state = if finished {
+            format!("already finished ({current})")
+        } else {
+            format!("is {current}")
+        };
+        (
+            "cancelCommand".to_owned(),
+            format!(
+                "command {id} {state}: only a {} command can be cancelled",
+                alternatives(&cancellable)
+            ),
+        )
+    } else {
+        let attempted = status(attempted);
+        let message = format!("command {id} is {current} and cannot become {attempted}");
+        (attempted, message)
+    };
+    ApiError::InvalidState {
+        message,
+        current,
+        attempted,
+        allowed: Vec::new(),
     }
 }
 
@@ -144,6 +260,7 @@ impl From<ApiError> for async_graphql::Error {
             ext.set("code", err.code());
             match &err {
                 ApiError::Conflict { current, .. } => ext.set("currentVersion", *current),
+                ApiError::InvalidField { field, .. } => ext.set("field", field.as_str()),
                 ApiError::ResumeRequired { cursor } => ext.set("cursor", cursor.as_str()),
                 ApiError::InvalidState {
                     current,
@@ -202,6 +319,13 @@ mod tests {
             (ApiError::Forbidden(String::new()), "FORBIDDEN"),
             (ApiError::BadUserInput(String::new()), "BAD_USER_INPUT"),
             (
+                ApiError::InvalidField {
+                    field: "input.reason".into(),
+                    message: String::new(),
+                },
+                "BAD_USER_INPUT",
+            ),
+            (
                 ApiError::ResumeRequired {
                     cursor: "evt_1".into(),
                 },
@@ -220,6 +344,120 @@ mod tests {
             assert_eq!(ext["code"], code);
             assert!(!gql.message.contains("secret detail"));
         }
+    }
+
+    /// `api_enum` spells every move, state and command status exactly as the GraphQL enums do,
+    /// so `INVALID_STATE`'s values can be sent back as they are.
+    #[test]
+    fn api_spelling_is_the_graphql_enums() {
+        use crate::graphql::types;
+        use async_graphql::InputType;
+        use strum::IntoEnumIterator;
+        let name = |value: async_graphql::Value| match value {
+            async_graphql::Value::Enum(name) => name.to_string(),
+            other => panic!("not an enum value: {other}"),
+        };
+        for m in bc_core::provision::ProvisionMove::iter() {
+            assert_eq!(
+                api_enum(m.as_ref()),
+                name(types::ProvisionMove::from(m).to_value())
+            );
+            assert_eq!(api_move(m.as_ref()), Some(api_enum(m.as_ref())));
+        }
+        assert_eq!(api_move("delete"), None);
+        for s in bc_core::axes::ProvisionState::ALL {
+            let spelled = api_enum(s.as_ref());
+            assert_eq!(spelled, name(types::ProvisionState::from(*s).to_value()));
+        }
+        for s in bc_core::command::CommandStatus::ALL {
+            let spelled = api_enum(s.as_ref());
+            assert_eq!(spelled, name(types::CommandStatus::from(*s).to_value()));
+        }
+    }
+
+    /// From every state, every move: `allowed` holds only moves of the API's enum, in its
+    /// spelling, exactly those of the table; `attempted` is the move as sent.
+    #[test]
+    fn invalid_state_speaks_the_api() {
+        use bc_core::axes::ProvisionState;
+        use bc_core::provision::{self, ProvisionMove};
+        use strum::IntoEnumIterator;
+        for state in ProvisionState::ALL {
+            let table: Vec<String> = provision::allowed_moves(*state)
+                .iter()
+                .map(|m| api_enum(m.as_ref()))
+                .collect();
+            for action in ProvisionMove::iter() {
+                let err = ApiError::from(provision::invalid_state(*state, action.as_ref()));
+                let ApiError::InvalidState {
+                    message,
+                    current,
+                    attempted,
+                    allowed,
+                } = err
+                else {
+                    panic!("INVALID_STATE expected");
+                };
+                assert_eq!(current, api_enum(state.as_ref()));
+                assert_eq!(attempted, api_enum(action.as_ref()));
+                assert_eq!(allowed, table, "{state} {action}");
+                assert!(
+                    allowed
+                        .iter()
+                        .all(|m| api_move(&m.to_lowercase().replace('_', "-")).is_some())
+                );
+                assert!(
+                    message.starts_with(&format!("cannot {attempted} a node that is {current}; ")),
+                    "{message}"
+                );
+                assert_eq!(
+                    message.contains("deleteNode"),
+                    provision::DELETABLE_STATES.contains(state),
+                    "{message}"
+                );
+            }
+        }
+        let err = ApiError::from(provision::invalid_state(ProvisionState::Deployed, "delete"));
+        assert_eq!(
+            err.message(),
+            "cannot delete a node that is DEPLOYED (only ADOPTING, ENROLLING, FAILED or RETIRED nodes can be); the moves allowed from DEPLOYED are RELEASE, RESCUE"
+        );
+        let err = ApiError::from(provision::invalid_state(ProvisionState::Retired, "fail"));
+        assert_eq!(
+            err.message(),
+            "cannot FAIL a node that is RETIRED; no move is allowed from RETIRED (but deleteNode is)"
+        );
+    }
+
+    #[test]
+    fn a_finished_command_is_named_as_a_command() {
+        let err = ApiError::from(DomainError::CommandState {
+            id: "cmd_1".into(),
+            current: "timed_out".into(),
+            attempted: "cancelled".into(),
+            finished: true,
+        });
+        assert_eq!(err.code(), "INVALID_STATE");
+        assert_eq!(
+            err.message(),
+            "command cmd_1 already finished (TIMED_OUT): only a QUEUED, DISPATCHED or RUNNING command can be cancelled"
+        );
+        let gql = async_graphql::Error::from(err);
+        let ext = serde_json::to_value(&gql.extensions).expect("serialises");
+        assert_eq!(ext["current"], "TIMED_OUT");
+        assert_eq!(ext["attempted"], "cancelCommand");
+        assert_eq!(ext["allowed"], serde_json::json!([]));
+    }
+
+    #[test]
+    fn an_invalid_field_is_bad_user_input_naming_it() {
+        let gql = async_graphql::Error::from(ApiError::InvalidField {
+            field: "input.reason".into(),
+            message: "`input.reason` is longer than 1024 bytes".into(),
+        });
+        let ext = serde_json::to_value(&gql.extensions).expect("serialises");
+        assert_eq!(ext["code"], "BAD_USER_INPUT");
+        assert_eq!(ext["field"], "input.reason");
     }
 
     #[test]

@@ -250,15 +250,14 @@ async fn graphql(State(state): State<AppState>, request: axum::extract::Request)
         }
     };
     let request = axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes));
-    let request =
-        match GraphQLRequest::<async_graphql_axum::rejection::GraphQLRejection>::from_request(
-            request, &state,
-        )
-        .await
-        {
-            Ok(request) => request,
-            Err(rejection) => return rejection.into_response(),
-        };
+    let request = match GraphQLRequest::<crate::graphql::input_limits::BodyRejection>::from_request(
+        request, &state,
+    )
+    .await
+    {
+        Ok(request) => request,
+        Err(rejection) => return rejection.into_response(),
+    };
     let response: GraphQLResponse = state
         .graphql
         .execute(state.schema.clone(), request.into_inner().data(principal))

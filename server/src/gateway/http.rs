@@ -60,7 +60,7 @@ async fn json_body<T: serde::de::DeserializeOwned>(
 /// An error answer: the same codes as the GraphQL API, with an HTTP status.
 fn error(err: ApiError) -> Response {
     let status = match &err {
-        ApiError::BadUserInput(_) => StatusCode::BAD_REQUEST,
+        ApiError::BadUserInput(_) | ApiError::InvalidField { .. } => StatusCode::BAD_REQUEST,
         ApiError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
         ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
         ApiError::NotFound(_) => StatusCode::NOT_FOUND,

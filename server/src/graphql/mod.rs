@@ -3,6 +3,7 @@
 //! Resolvers parse input, call one service function, and convert the result; errors are
 //! [`crate::error::ApiError`]s with stable `extensions.code`s.
 
+pub mod input_limits;
 pub mod inputs;
 pub mod limits;
 pub mod mutation;
@@ -117,6 +118,7 @@ impl async_graphql::extensions::ExtensionFactory for ErrorCodes {
 
 fn ensure_codes(response: &mut async_graphql::Response) {
     for error in &mut response.errors {
+        input_limits::bound_message(&mut error.message);
         let extensions = error.extensions.get_or_insert_with(Default::default);
         if extensions.get("code").is_none() {
             extensions.set("code", "BAD_USER_INPUT");

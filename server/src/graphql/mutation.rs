@@ -6,6 +6,7 @@ use bc_core::ids::{CommandId, JoinTokenId, NodeId, PoolId, SiteId, TenantId};
 use bc_core::provision::ProvisionMove;
 use std::collections::BTreeMap;
 
+use super::input_limits::{Field, Text, Validated, seconds};
 use super::inputs::{
     CordonNodeInput, CreateJoinTokenInput, CreatePoolInput, CreateSiteInput, DrainNodeInput,
     EnrollNodeInput, LabelNodeInput, NodeVersionInput, ReasonedNodeInput, SendCommandInput,
@@ -29,8 +30,9 @@ impl MutationRoot {
     async fn cordon_node(
         &self,
         ctx: &Context<'_>,
-        input: CordonNodeInput,
+        input: Validated<CordonNodeInput>,
     ) -> async_graphql::Result<NodeDetail> {
+        let input = input.check("input")?;
         let s = services(ctx)?;
         Ok(NodeDetail(
             s.cordon_node(
@@ -47,8 +49,9 @@ impl MutationRoot {
     async fn uncordon_node(
         &self,
         ctx: &Context<'_>,
-        input: NodeVersionInput,
+        input: Validated<NodeVersionInput>,
     ) -> async_graphql::Result<NodeDetail> {
+        let input = input.check("input")?;
         let s = services(ctx)?;
         Ok(NodeDetail(
             s.uncordon_node(principal(ctx)?, &node_id(&input.id)?, input.version)
@@ -61,8 +64,9 @@ impl MutationRoot {
     async fn drain_node(
         &self,
         ctx: &Context<'_>,
-        input: DrainNodeInput,
+        input: Validated<DrainNodeInput>,
     ) -> async_graphql::Result<NodeDetail> {
+        let input = input.check("input")?;
         let s = services(ctx)?;
         let id = node_id(&input.id)?;
         Ok(NodeDetail(
@@ -71,7 +75,7 @@ impl MutationRoot {
                 &id,
                 input.version,
                 &input.reason,
-                input.deadline,
+                input.deadline.map(|d| d.value()).transpose()?,
             )
             .await?,
         ))
@@ -81,8 +85,9 @@ impl MutationRoot {
     async fn taint_node(
         &self,
         ctx: &Context<'_>,
-        input: TaintNodeInput,
+        input: Validated<TaintNodeInput>,
     ) -> async_graphql::Result<NodeDetail> {
+        let input = input.check("input")?;
         let s = services(ctx)?;
         let id = node_id(&input.id)?;
         let p = principal(ctx)?;
@@ -102,8 +107,9 @@ impl MutationRoot {
     async fn untaint_node(
         &self,
         ctx: &Context<'_>,
-        input: UntaintNodeInput,
+        input: Validated<UntaintNodeInput>,
     ) -> async_graphql::Result<NodeDetail> {
+        let input = input.check("input")?;
         let s = services(ctx)?;
         Ok(NodeDetail(
             s.untaint_node(
@@ -120,8 +126,9 @@ impl MutationRoot {
     async fn label_node(
         &self,
         ctx: &Context<'_>,
-        input: LabelNodeInput,
+        input: Validated<LabelNodeInput>,
     ) -> async_graphql::Result<NodeDetail> {
+        let input = input.check("input")?;
         let s = services(ctx)?;
         let id = node_id(&input.id)?;
         let mut set = BTreeMap::new();
@@ -142,8 +149,9 @@ impl MutationRoot {
     async fn adopt_node(
         &self,
         ctx: &Context<'_>,
-        input: NodeVersionInput,
+        input: Validated<NodeVersionInput>,
     ) -> async_graphql::Result<NodeDetail> {
+        let input = input.check("input")?;
         let s = services(ctx)?;
         let id = node_id(&input.id)?;
         Ok(NodeDetail(
@@ -162,8 +170,9 @@ impl MutationRoot {
     async fn retire_node(
         &self,
         ctx: &Context<'_>,
-        input: ReasonedNodeInput,
+        input: Validated<ReasonedNodeInput>,
     ) -> async_graphql::Result<NodeDetail> {
+        let input = input.check("input")?;
         let s = services(ctx)?;
         let id = node_id(&input.id)?;
         let p = principal(ctx)?;
@@ -183,8 +192,9 @@ impl MutationRoot {
     async fn transition_node(
         &self,
         ctx: &Context<'_>,
-        input: TransitionNodeInput,
+        input: Validated<TransitionNodeInput>,
     ) -> async_graphql::Result<NodeDetail> {
+        let input = input.check("input")?;
         let s = services(ctx)?;
         let id = node_id(&input.id)?;
         let p = principal(ctx)?;
@@ -204,8 +214,9 @@ impl MutationRoot {
     async fn revoke_node_identity(
         &self,
         ctx: &Context<'_>,
-        input: ReasonedNodeInput,
+        input: Validated<ReasonedNodeInput>,
     ) -> async_graphql::Result<NodeDetail> {
+        let input = input.check("input")?;
         let s = services(ctx)?;
         let id = node_id(&input.id)?;
         Ok(NodeDetail(
@@ -218,8 +229,9 @@ impl MutationRoot {
     async fn delete_node(
         &self,
         ctx: &Context<'_>,
-        input: NodeVersionInput,
+        input: Validated<NodeVersionInput>,
     ) -> async_graphql::Result<NodeDetail> {
+        let input = input.check("input")?;
         let s = services(ctx)?;
         Ok(NodeDetail(
             s.delete_node(principal(ctx)?, &node_id(&input.id)?, input.version)
@@ -231,8 +243,9 @@ impl MutationRoot {
     async fn enroll_node(
         &self,
         ctx: &Context<'_>,
-        input: EnrollNodeInput,
+        input: Validated<EnrollNodeInput>,
     ) -> async_graphql::Result<NodeDetail> {
+        let input = input.check("input")?;
         let s = services(ctx)?;
         let site = parse_id(&input.site_id, SiteId::parse)?;
         let pool = input
@@ -251,8 +264,9 @@ impl MutationRoot {
     async fn send_command(
         &self,
         ctx: &Context<'_>,
-        input: SendCommandInput,
+        input: Validated<SendCommandInput>,
     ) -> async_graphql::Result<Vec<Command>> {
+        let input = input.check("input")?;
         let s = services(ctx)?;
         let has_filter = input.filter.is_some();
         let mut filter = match input.filter {
@@ -272,9 +286,9 @@ impl MutationRoot {
         let new = bc_core::command::NewCommand {
             kind: input.kind.into(),
             params: input.params.map_or(serde_json::Value::Null, |p| p.0),
-            timeout: input.timeout_seconds.map(chrono::Duration::seconds),
-            not_before: input.not_before,
-            ttl: input.expires_in_seconds.map(chrono::Duration::seconds),
+            timeout: input.timeout_seconds.map(seconds),
+            not_before: input.not_before.map(|t| t.value()).transpose()?,
+            ttl: input.expires_in_seconds.map(seconds),
             force: input.force,
         };
         Ok(s.send_command(principal(ctx)?, filter, new)
@@ -296,8 +310,9 @@ impl MutationRoot {
     async fn create_join_token(
         &self,
         ctx: &Context<'_>,
-        input: CreateJoinTokenInput,
+        input: Validated<CreateJoinTokenInput>,
     ) -> async_graphql::Result<CreatedJoinToken> {
+        let input = input.check("input")?;
         let s = services(ctx)?;
         let new = NewJoinToken {
             site_id: parse_id(&input.site_id, SiteId::parse)?,
@@ -306,7 +321,7 @@ impl MutationRoot {
                 .as_ref()
                 .map(|p| parse_id(p, PoolId::parse))
                 .transpose()?,
-            lifetime: input.expires_in_seconds.map(chrono::Duration::seconds),
+            lifetime: input.expires_in_seconds.map(seconds),
             max_uses: input.max_uses,
             description: input.description,
         };
@@ -336,6 +351,7 @@ impl MutationRoot {
         ctx: &Context<'_>,
         name: String,
     ) -> async_graphql::Result<Tenant> {
+        Field::argument("name").text(&name, Text::Name)?;
         Ok(services(ctx)?
             .create_tenant(principal(ctx)?, &name)
             .await?
@@ -345,8 +361,9 @@ impl MutationRoot {
     async fn create_site(
         &self,
         ctx: &Context<'_>,
-        input: CreateSiteInput,
+        input: Validated<CreateSiteInput>,
     ) -> async_graphql::Result<Site> {
+        let input = input.check("input")?;
         let owner = input
             .owner_tenant_id
             .as_ref()
@@ -366,8 +383,9 @@ impl MutationRoot {
     async fn create_pool(
         &self,
         ctx: &Context<'_>,
-        input: CreatePoolInput,
+        input: Validated<CreatePoolInput>,
     ) -> async_graphql::Result<Pool> {
+        let input = input.check("input")?;
         let gpu_count = input
             .expected_gpu_count
             .map(|c| {

@@ -6,6 +6,7 @@ use bc_core::ids::{NodeId, PoolId, SiteId};
 use bc_core::provision::{PROVISION_STATE_TABLE, Target};
 use strum::IntoEnumIterator;
 
+use super::input_limits::{Field, MAX_FILTER_VALUES, Validated};
 use super::inputs::{CommandFilterInput, NodeFilterInput};
 use super::types::{
     CapacityCount, JoinToken, NodeDetail, Pool, PoolCapacity, ProvisionEdge, Site, Tenant, Viewer,
@@ -60,12 +61,17 @@ impl QueryRoot {
     async fn nodes(
         &self,
         ctx: &Context<'_>,
-        filter: Option<NodeFilterInput>,
+        filter: Option<Validated<NodeFilterInput>>,
         first: Option<i32>,
         after: Option<String>,
     ) -> async_graphql::Result<NodeConnection> {
         let first = page_size(ctx, first)?;
-        let filter = node_filter(filter.unwrap_or_default())?;
+        let filter = node_filter(
+            filter
+                .map(|f| f.check("filter"))
+                .transpose()?
+                .unwrap_or_default(),
+        )?;
         if let Some(after) = &after {
             NodeId::parse(after).map_err(ApiError::from)?;
         }
@@ -91,6 +97,7 @@ impl QueryRoot {
         ctx: &Context<'_>,
         pool_ids: Option<Vec<ID>>,
     ) -> async_graphql::Result<Vec<PoolCapacity>> {
+        Field::argument("poolIds").list_opt(pool_ids.as_deref(), MAX_FILTER_VALUES, Field::id)?;
         let services: &Services = services(ctx)?;
         let p = principal(ctx)?;
         let wanted = pool_ids
@@ -138,10 +145,11 @@ impl QueryRoot {
     async fn commands(
         &self,
         ctx: &Context<'_>,
-        filter: Option<CommandFilterInput>,
+        filter: Option<Validated<CommandFilterInput>>,
         first: Option<i32>,
         after: Option<String>,
     ) -> async_graphql::Result<CommandConnection> {
+        let filter = filter.map(|f| f.check("filter")).transpose()?;
         command_page(
             ctx,
             command_filter(filter.unwrap_or_default())?,

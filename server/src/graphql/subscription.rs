@@ -10,6 +10,7 @@ use chrono::{DateTime, Utc};
 use futures::{Stream, StreamExt};
 use std::sync::Arc;
 
+use super::input_limits::{Field, MAX_EVENT_TYPES, Text, Validated};
 use super::inputs::NodeFilterInput;
 use super::query::node_filter;
 use super::types::{Event, NodeDetail};
@@ -119,10 +120,11 @@ fn start_cursor(after: Option<&ID>) -> Result<Option<i64>, ApiError> {
 /// Node changes matching `filter`, optionally only those of one axis.
 async fn node_change_stream(
     ctx: &Context<'_>,
-    filter: Option<NodeFilterInput>,
+    filter: Option<Validated<NodeFilterInput>>,
     after: Option<ID>,
     only_axis: Option<Axis>,
 ) -> async_graphql::Result<impl Stream<Item = async_graphql::Result<NodeChange>> + Send + 'static> {
+    let filter = filter.map(|f| f.check("filter")).transpose()?;
     let services = services(ctx)?.clone();
     let principal = principal(ctx)?.clone();
     let feed = ctx.data::<Arc<Feed>>()?.clone();
@@ -264,6 +266,9 @@ impl SubscriptionRoot {
         >,
         node_id: Option<ID>,
     ) -> async_graphql::Result<impl Stream<Item = async_graphql::Result<Event>>> {
+        Field::argument("types").list_opt(types.as_deref(), MAX_EVENT_TYPES, |at, t| {
+            at.text(t, Text::EventType)
+        })?;
         let services = services(ctx)?.clone();
         let principal = principal(ctx)?.clone();
         let feed = ctx.data::<Arc<Feed>>()?.clone();
@@ -304,7 +309,7 @@ impl SubscriptionRoot {
     async fn node_changes(
         &self,
         ctx: &Context<'_>,
-        filter: Option<NodeFilterInput>,
+        filter: Option<Validated<NodeFilterInput>>,
         after: Option<ID>,
     ) -> async_graphql::Result<impl Stream<Item = async_graphql::Result<NodeChange>>> {
         node_change_stream(ctx, filter, after, None).await
@@ -315,7 +320,7 @@ impl SubscriptionRoot {
     async fn connectivity_changes(
         &self,
         ctx: &Context<'_>,
-        filter: Option<NodeFilterInput>,
+        filter: Option<Validated<NodeFilterInput>>,
         after: Option<ID>,
     ) -> async_graphql::Result<impl Stream<Item = async_graphql::Result<NodeChange>>> {
         node_change_stream(ctx, filter, after, Some(Axis::Connectivity)).await

@@ -6,6 +6,7 @@ mod common;
 mod raw_daemon;
 
 mod abuse;
+mod bad_input;
 mod commands;
 mod dashboard;
 mod gateway;
