@@ -6,11 +6,13 @@
 
 use crate::raw_daemon::*;
 use bc_core::command::Outcome;
+use bc_core::ids::EventId;
 use bc_core::protocol::{DaemonMessage, GatewayMessage};
 use bc_testing::subscription::SubscriptionClient;
 use bc_testing::{TestServer, each_backend};
 use better_compute::auth::Role;
 use better_compute::controllers::CommandTimingController;
+use better_compute::store::events;
 use serde_json::{Value, json};
 use std::time::Duration;
 
@@ -459,11 +461,15 @@ async fn command_updates_stream_live_with_results() {
         let mut live = live_node(s, &site, &pool).await;
         let url = s.url().replace("http://", "ws://") + "/graphql";
         let mut client = SubscriptionClient::connect(&url, s.admin_token()).await.unwrap();
+        // From the event log's head as it is before the command is sent. Without `after` the
+        // subscription starts from the head when the server gets to the subscribe message,
+        // which nothing orders before the mutation below: it could miss `queued`.
+        let head = events::head(s.server.services.store.db()).await.unwrap();
         client
             .subscribe(
                 "c",
-                "subscription($node: ID) { commandUpdates(nodeId: $node) { cursor from to command { id status exitCode result } } }",
-                json!({"node": live.node_id}),
+                "subscription($node: ID, $after: ID) { commandUpdates(nodeId: $node, after: $after) { cursor from to command { id status exitCode result } } }",
+                json!({"node": live.node_id, "after": EventId(head).to_string()}),
             )
             .await
             .unwrap();
