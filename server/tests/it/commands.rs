@@ -12,7 +12,6 @@ use bc_testing::subscription::SubscriptionClient;
 use bc_testing::{TestServer, each_backend};
 use better_compute::auth::Role;
 use better_compute::controllers::CommandTimingController;
-use better_compute::store::events;
 use serde_json::{Value, json};
 use std::time::Duration;
 
@@ -464,7 +463,7 @@ async fn command_updates_stream_live_with_results() {
         // From the event log's head as it is before the command is sent. Without `after` the
         // subscription starts from the head when the server gets to the subscribe message,
         // which nothing orders before the mutation below: it could miss `queued`.
-        let head = events::head(s.server.services.store.db()).await.unwrap();
+        let head = s.server.services.event_head().await.unwrap_or_else(|err| panic!("reading the event head: {}", err.message()));
         client
             .subscribe(
                 "c",
