@@ -20,8 +20,11 @@ export const repoRoot = path.resolve(__dirname, '..');
 export interface FleetOptions {
   /** Simulated nodes (`--sim N`). */
   sim: number;
-  /** `--sim-mixed`: some nodes fail their diagnostic, miss a GPU or report XID 79. */
+  /** `--sim-mixed`: some nodes fail their diagnostic or miss a GPU, and from `faultsAfterSecs`
+   * after start (45 by default) some GPUs fail in service, for health remediation to treat. */
   mixed?: boolean;
+  /** `--sim-faults-after`: when the GPUs of `mixed` fail in service, in seconds. */
+  faultsAfterSecs?: number;
   /** More configuration for the server, as `BC_…` environment variables. */
   env?: Record<string, string>;
   /** How long to wait for the sign-in link (default 60 s). */
@@ -111,7 +114,9 @@ export async function startFleet(options: FleetOptions): Promise<Fleet> {
     ...options.env,
   });
 
-  const args = ['dev', '--sim', String(options.sim), ...(options.mixed ? ['--sim-mixed'] : [])];
+  const args = ['dev', '--sim', String(options.sim)];
+  if (options.mixed) args.push('--sim-mixed');
+  if (options.faultsAfterSecs !== undefined) args.push('--sim-faults-after', String(options.faultsAfterSecs));
   const child = spawn(bin, args, { cwd: repoRoot, env, stdio: ['ignore', 'pipe', 'pipe'] });
   running.add(child);
 

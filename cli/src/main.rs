@@ -4,8 +4,10 @@ use anyhow::Context;
 use bc_core::axes::{PoolKind, SiteKind};
 use bc_core::catalog::HardwareProfile;
 use bc_core::clock::SystemClock;
-use bc_core::ids::TenantId;
-use bc_testing::{CaTrust, Progress, SimOptions, run_sim};
+use bc_core::ids::{PoolId, TenantId};
+use bc_testing::sim::MIXED_FAULT_AFTER;
+use bc_testing::workload::WORKLOAD_TENANT;
+use bc_testing::{CaTrust, Progress, SimOptions, WorkloadOptions, run_sim, run_workload};
 use better_compute::app::{self, RunningServer};
 use better_compute::auth::{Principal, Role, TokenKeys};
 use better_compute::config::Config;
@@ -46,12 +48,22 @@ enum Command {
         /// GPUs each simulated node reports (the dev pool expects 8).
         #[arg(long, default_value_t = 8)]
         sim_gpus: u32,
-        /// Give the fleet a realistic mix of failing diagnostics, missing GPUs and XID errors.
+        /// Give the fleet a realistic mix: failing diagnostics, missing GPUs, and GPUs that
+        /// fail in service (45 s after start) which health remediation fixes (a reset, a
+        /// reboot) or gives up on (maintenance, GpuNeedsPerson).
         #[arg(long)]
         sim_mixed: bool,
+        /// With --sim-mixed: how many seconds after start the GPUs fail in service.
+        #[arg(long, value_name = "SECONDS", default_value_t = MIXED_FAULT_AFTER.as_secs(), requires = "sim_mixed")]
+        sim_faults_after: u64,
         /// How long the printed admin token lives, in hours.
         #[arg(long, default_value_t = 12)]
         token_hours: i64,
+        /// Put the simulated fleet to work: create R reservations a second in its pool (1 to
+        /// 8 GPUs, some 2-node gangs), each released after 2 to 60 seconds, and print a
+        /// summary every 10 s.
+        #[arg(long, value_name = "R", requires = "sim")]
+        workload: Option<f64>,
     },
     /// Points simulated nodes at a running server's gateway.
     Sim {
@@ -72,9 +84,14 @@ enum Command {
         /// GPUs each simulated node reports.
         #[arg(long, default_value_t = 8)]
         gpus: u32,
-        /// Give the fleet a realistic mix of failing diagnostics, missing GPUs and XID errors.
+        /// Give the fleet a realistic mix: failing diagnostics, missing GPUs, and GPUs that
+        /// fail in service (45 s after start) which health remediation fixes (a reset, a
+        /// reboot) or gives up on (maintenance, GpuNeedsPerson).
         #[arg(long)]
         mixed: bool,
+        /// With --mixed: how many seconds after start the GPUs fail in service.
+        #[arg(long, value_name = "SECONDS", default_value_t = MIXED_FAULT_AFTER.as_secs(), requires = "mixed")]
+        faults_after: u64,
     },
     /// Mints a token signed with the configured secret.
     Token {
@@ -111,10 +128,17 @@ async fn main() -> anyhow::Result<()> {
             sim,
             sim_gpus,
             sim_mixed,
+            sim_faults_after,
             token_hours,
+            workload,
         } => {
             start_logging(&config);
-            dev(&config, sim, sim_gpus, sim_mixed, token_hours).await
+            let workload = workload
+                .map(|rate| WorkloadOptions::new(rate, sim_gpus))
+                .transpose()
+                .context("--workload")?;
+            let options = sim_options(sim_gpus, sim_mixed, Duration::from_secs(sim_faults_after));
+            dev(&config, sim, options, token_hours, workload).await
         }
         Command::Sim {
             server,
@@ -124,6 +148,7 @@ async fn main() -> anyhow::Result<()> {
             ca_sha256,
             gpus,
             mixed,
+            faults_after,
         } => {
             start_logging(&config);
             let ca = match (ca_file, ca_sha256) {
@@ -134,7 +159,7 @@ async fn main() -> anyhow::Result<()> {
                 (None, Some(pin)) => CaTrust::Sha256Pin(pin),
                 (None, None) => CaTrust::TrustOnFirstUse,
             };
-            let options = sim_options(gpus, mixed);
+            let options = sim_options(gpus, mixed, Duration::from_secs(faults_after));
             let progress = run_sim(
                 &server,
                 &token,
@@ -193,9 +218,10 @@ fn raise_open_file_limit() {
     }
 }
 
-fn sim_options(gpus: u32, mixed: bool) -> SimOptions {
+/// The fleet `dev --sim` and `sim` start: `mixed` fails GPUs in service `faults_after` start.
+fn sim_options(gpus: u32, mixed: bool, faults_after: Duration) -> SimOptions {
     let mut options = if mixed {
-        SimOptions::mixed()
+        SimOptions::mixed_failing_after(faults_after)
     } else {
         SimOptions::default()
     };
@@ -218,9 +244,9 @@ const DEV_POOL: &str = "dev-gpu";
 async fn dev(
     config: &Config,
     sim: usize,
-    sim_gpus: u32,
-    sim_mixed: bool,
+    mut options: SimOptions,
     token_hours: i64,
+    workload: Option<WorkloadOptions>,
 ) -> anyhow::Result<()> {
     let server = app::start(config, Arc::new(SystemClock)).await?;
     let now = chrono::Utc::now();
@@ -258,10 +284,9 @@ async fn dev(
         app::shutdown_signal().await;
         return server.shutdown().await;
     }
-    let secret = dev_join_token(&server, sim, sim_gpus).await?;
+    let (pool, secret) = dev_join_token(&server, sim, options.knobs.gpu_count).await?;
     let gateway = server.gateway_url().context("the server runs no gateway")?;
     let ca = CaTrust::Pem(server.services.ca.cert_pem().to_owned());
-    let mut options = sim_options(sim_gpus, sim_mixed);
     options.report_every = DEV_PROGRESS_EVERY;
     // The same machines every run: a restarted `dev --sim` re-joins them in place (same
     // hardware keys) instead of adding a second fleet to the embedded database.
@@ -303,6 +328,23 @@ async fn dev(
             }
         });
     };
+    let workload = workload.map(|options| {
+        writeln!(
+            out,
+            "Workload: reservations at {}/s in pool {pool}, as tenant `{WORKLOAD_TENANT}`:",
+            options.rate
+        )
+        .ok();
+        tokio::spawn(run_workload(
+            server.services.clone(),
+            pool,
+            options,
+            |report| {
+                let _ = writeln!(std::io::stdout(), "  {report}");
+            },
+            app::shutdown_signal(),
+        ))
+    });
     let result = run_sim(
         &gateway,
         &secret,
@@ -314,6 +356,10 @@ async fn dev(
     )
     .await;
     tracing::info!("shutting down");
+    if let Some(workload) = workload {
+        // It stops on the same signal; what it left running ends at its expiry.
+        workload.abort();
+    }
     server.shutdown().await?;
     result.map(|_| ()).map_err(Into::into)
 }
@@ -328,16 +374,16 @@ fn dev_principal(now: chrono::DateTime<chrono::Utc>) -> Principal {
     }
 }
 
-/// The dev site and pool (created on the first run) and a fresh join token for `nodes` joins.
-async fn dev_join_token(server: &RunningServer, nodes: usize, gpus: u32) -> anyhow::Result<String> {
+/// The dev site and pool (created on the first run) and a fresh join token for `nodes` joins:
+/// the pool and the token's secret.
+async fn dev_join_token(
+    server: &RunningServer,
+    nodes: usize,
+    gpus: u32,
+) -> anyhow::Result<(PoolId, String)> {
     let services = &server.services;
     let admin = dev_principal(chrono::Utc::now());
-    let site = match services
-        .sites(&admin)
-        .await?
-        .into_iter()
-        .find(|s| s.name == DEV_SITE)
-    {
+    let site = match services.site_named(&admin, DEV_SITE).await? {
         Some(site) => site,
         None => {
             services
@@ -345,12 +391,7 @@ async fn dev_join_token(server: &RunningServer, nodes: usize, gpus: u32) -> anyh
                 .await?
         }
     };
-    let pool = match services
-        .pools(&admin, Some(&site.id))
-        .await?
-        .into_iter()
-        .find(|p| p.name == DEV_POOL)
-    {
+    let pool = match services.pool_named(&admin, &site.id, DEV_POOL).await? {
         Some(pool) => pool,
         None => {
             services
@@ -364,9 +405,11 @@ async fn dev_join_token(server: &RunningServer, nodes: usize, gpus: u32) -> anyh
                         owner_tenant_id: None,
                         hardware_profile: HardwareProfile {
                             gpu_count: Some(gpus),
-                            gpu_model: None,
+                            ..HardwareProfile::default()
                         },
                         drivers: Default::default(),
+                        remediation: None,
+                        acceptance: None,
                     },
                 )
                 .await?
@@ -377,12 +420,51 @@ async fn dev_join_token(server: &RunningServer, nodes: usize, gpus: u32) -> anyh
             &admin,
             NewJoinToken {
                 site_id: site.id,
-                pool_id: Some(pool.id),
+                pool_id: Some(pool.id.clone()),
                 lifetime: None,
                 max_uses: Some(i64::try_from(nodes).unwrap_or(i64::MAX)),
                 description: format!("better-compute dev --sim {nodes}"),
             },
         )
         .await?;
-    Ok(secret)
+    Ok((pool.id, secret))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn dev_workload(args: &[&str]) -> Result<Option<f64>, clap::Error> {
+        let cli = Cli::try_parse_from(args)?;
+        match cli.command {
+            Command::Dev { workload, .. } => Ok(workload),
+            _ => panic!("not the dev command"),
+        }
+    }
+
+    #[test]
+    fn dev_takes_a_workload_rate_for_its_simulated_fleet() {
+        let rate = dev_workload(&["better-compute", "dev", "--sim", "20", "--workload", "2.5"])
+            .expect("parses");
+        assert_eq!(rate, Some(2.5));
+        assert_eq!(
+            dev_workload(&["better-compute", "dev", "--sim", "20"]).expect("parses"),
+            None
+        );
+        // A workload needs a fleet to work on.
+        let alone = dev_workload(&["better-compute", "dev", "--workload", "2"])
+            .expect_err("--workload without --sim");
+        assert_eq!(
+            alone.kind(),
+            clap::error::ErrorKind::MissingRequiredArgument
+        );
+        assert!(
+            dev_workload(&["better-compute", "dev", "--sim", "2", "--workload", "fast"]).is_err()
+        );
+        // Rates outside (0, MAX_RATE] are refused before anything starts.
+        for bad in [0.0, -1.0, f64::NAN, 1e9] {
+            assert!(WorkloadOptions::new(bad, 8).is_err(), "{bad}");
+        }
+    }
 }

@@ -143,6 +143,9 @@ axis_enum!(
         NoSchedule = "NoSchedule",
         /// A hint for the placer to prefer other nodes; does not block scheduling.
         PreferNoSchedule = "PreferNoSchedule",
+        /// Like `NoSchedule`, and work already on the node that does not tolerate the taint is
+        /// evicted: its allocations are released and its reservations placed elsewhere.
+        NoExecute = "NoExecute",
     }
 );
 

@@ -25,13 +25,62 @@ pub struct Site {
     pub created_at: DateTime<Utc>,
 }
 
-/// What the machines of a pool are expected to have. Health compares inventory against it
-/// (`GpuCountMismatch`).
+/// What the machines of a pool are expected to have. The Inventory controller compares every
+/// report against it (`GpuCountMismatch`, `GpuModelMismatch`, `DriverVersionMismatch`, see
+/// `health.rs`), and acceptance reads it to tell a CPU pool from a GPU pool.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct HardwareProfile {
+    /// GPUs per machine; `Some(0)` makes the pool a CPU pool.
     pub gpu_count: Option<u32>,
+    /// The GPU model every GPU must be, compared as labels spell it
+    /// ([`crate::health::model_matches`]).
     pub gpu_model: Option<String>,
+    /// The NVIDIA driver the machines must run: a whole version (`550.54.15`) or a prefix of
+    /// whole components (`550`, `550.54`), compared by [`crate::health::driver_matches`].
+    #[serde(default)]
+    pub driver_version: Option<String>,
+}
+
+/// The longest expected driver version (bytes).
+pub const MAX_DRIVER_VERSION_LEN: usize = 64;
+
+/// A driver version a pool expects: dot-separated components of `A-Za-z0-9_-`
+/// (`550`, `550.54.15`, `535.161.08-1`), at most [`MAX_DRIVER_VERSION_LEN`] bytes.
+pub fn validate_driver_version(version: &str) -> Result<(), crate::DomainError> {
+    let valid = !version.is_empty()
+        && version.len() <= MAX_DRIVER_VERSION_LEN
+        && version.split('.').all(|part| {
+            !part.is_empty()
+                && part
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_'))
+        });
+    if valid {
+        Ok(())
+    } else {
+        Err(crate::DomainError::BadInput(format!(
+            "`{version}` is not a driver version (dot-separated parts of A-Za-z0-9-_, at most \
+             {MAX_DRIVER_VERSION_LEN} bytes, e.g. `550` or `550.54.15`)"
+        )))
+    }
+}
+
+impl HardwareProfile {
+    /// The profile's own rules: a driver version that can be compared.
+    pub fn validate(&self) -> Result<(), crate::DomainError> {
+        self.driver_version
+            .as_deref()
+            .map_or(Ok(()), validate_driver_version)
+    }
+
+    /// Whether the pool's machines are expected to have GPUs. Only an expected GPU count of 0
+    /// makes a CPU pool: in a GPU fleet, a pool that says nothing holds GPU machines, and a
+    /// GPU machine whose driver failed to load reports no GPUs at all, which must not pass
+    /// for a CPU machine.
+    pub fn expects_gpus(&self) -> bool {
+        self.gpu_count != Some(0)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -46,6 +95,10 @@ pub struct Pool {
     pub hardware_profile: HardwareProfile,
     /// Driver bindings (`power`, `boot`, `deploy`, …) inherited by the pool's nodes.
     pub drivers: BTreeMap<String, String>,
+    /// How the Remediation controller treats the pool's unhealthy nodes.
+    pub remediation: crate::remediation::RemediationPolicy,
+    /// Which checks acceptance runs on the pool's new nodes.
+    pub acceptance: crate::acceptance::AcceptancePolicy,
     pub created_at: DateTime<Utc>,
 }
 
@@ -143,6 +196,8 @@ mod tests {
             owner_tenant_id: None,
             hardware_profile: HardwareProfile::default(),
             drivers: BTreeMap::new(),
+            remediation: Default::default(),
+            acceptance: Default::default(),
             created_at: Utc::now(),
         }
     }
@@ -169,6 +224,21 @@ mod tests {
             custom.owner_tenant_id.map(|t| t.to_string()).as_deref(),
             Some("ten_x")
         );
+    }
+
+    #[test]
+    fn driver_versions_are_validated_and_only_a_zero_count_is_a_cpu_pool() {
+        assert!(validate_driver_version("550").is_ok());
+        assert!(validate_driver_version("535.161.08-1").is_ok());
+        assert!(validate_driver_version("").is_err());
+        assert!(validate_driver_version("550.").is_err());
+        assert!(validate_driver_version("550 54").is_err());
+        assert!(HardwareProfile::default().expects_gpus());
+        let cpu = HardwareProfile {
+            gpu_count: Some(0),
+            ..HardwareProfile::default()
+        };
+        assert!(!cpu.expects_gpus());
     }
 
     #[test]

@@ -229,6 +229,39 @@ pub fn check_safety(
     Ok(())
 }
 
+/// Whether health remediation may send `kind` to a node without an operator's cordon. A
+/// destructive command needs the node cordoned so that it interrupts no work; remediation
+/// gets the same guarantee another way: it acts only on a node that holds no allocation
+/// (`allocations`) and that a NoSchedule condition keeps new work off (`kept_off`), both
+/// checked with the node row locked, and never on a tenant-controlled node. The command is
+/// recorded with `force`, as an admin's would be.
+pub fn check_remediation_safety(
+    kind: CommandKind,
+    trust: Trust,
+    allocations: u64,
+    kept_off: bool,
+) -> Result<(), DomainError> {
+    if !kind.destructive() {
+        return Ok(());
+    }
+    if trust == Trust::TenantControlled {
+        return Err(DomainError::Forbidden(format!(
+            "{kind} is destructive and the node is tenant-controlled: remediation never sends it"
+        )));
+    }
+    if allocations > 0 {
+        return Err(DomainError::BadInput(format!(
+            "{kind} is destructive and the node holds {allocations} allocation(s): remediation waits until they are released"
+        )));
+    }
+    if !kept_off {
+        return Err(DomainError::BadInput(format!(
+            "{kind} is destructive and nothing keeps new work off the node"
+        )));
+    }
+    Ok(())
+}
+
 /// A command and everything that happened to it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Command {
@@ -342,6 +375,18 @@ impl Command {
         })
     }
 
+    /// Why this command, as it is, cannot become `to`: the refusal of an illegal move, and of
+    /// a move computed from a status the command has since left (a change that lost a race
+    /// is answered with the command's real status, in words about the command).
+    pub fn refusal(&self, to: CommandStatus) -> DomainError {
+        DomainError::CommandState {
+            id: self.id.to_string(),
+            current: self.status.to_string(),
+            attempted: to.to_string(),
+            finished: self.status.is_final(),
+        }
+    }
+
     fn move_to(
         &mut self,
         to: CommandStatus,
@@ -349,12 +394,7 @@ impl Command {
     ) -> Result<CommandStatus, DomainError> {
         let from = self.status;
         if !from.can_move_to(to) {
-            return Err(DomainError::CommandState {
-                id: self.id.to_string(),
-                current: from.to_string(),
-                attempted: to.to_string(),
-                finished: from.is_final(),
-            });
+            return Err(self.refusal(to));
         }
         self.status = to;
         self.updated_at = now;
@@ -434,6 +474,33 @@ impl Command {
     /// When it must have a result by, once dispatched.
     pub fn deadline(&self) -> Option<DateTime<Utc>> {
         self.dispatched_at.map(|at| at + self.timeout)
+    }
+
+    /// The final status it is overdue for at `now`, if any: `expired` for a queued command
+    /// past `expires_at`, `timed_out` for a dispatched or running one past its deadline.
+    pub fn overdue(&self, now: DateTime<Utc>) -> Option<CommandStatus> {
+        match self.status {
+            CommandStatus::Queued => (self.expires_at <= now).then_some(CommandStatus::Expired),
+            CommandStatus::Dispatched | CommandStatus::Running => self
+                .deadline()
+                .is_some_and(|deadline| deadline <= now)
+                .then_some(CommandStatus::TimedOut),
+            _ => None,
+        }
+    }
+
+    /// Ends it as [`Command::overdue`] says, judged on the command as it is now: one found
+    /// overdue a moment ago may have been dispatched, requeued or finished since, and is then
+    /// refused (it is not overdue any more) rather than expired or timed out by mistake.
+    pub fn end_overdue(&mut self, now: DateTime<Utc>) -> Result<CommandStatus, DomainError> {
+        match self.overdue(now) {
+            Some(CommandStatus::Expired) => self.expire(now),
+            Some(_) => self.time_out(now),
+            None => Err(self.refusal(match self.status {
+                CommandStatus::Queued => CommandStatus::Expired,
+                _ => CommandStatus::TimedOut,
+            })),
+        }
     }
 
     /// The session it was dispatched to ended first: queued again for the next session, or,
@@ -570,6 +637,19 @@ mod tests {
     }
 
     #[test]
+    fn remediation_acts_destructively_only_on_an_idle_node_kept_off_by_its_condition() {
+        use CommandKind::*;
+        assert!(check_remediation_safety(GpuReset, Trust::Platform, 0, true).is_ok());
+        assert!(check_remediation_safety(DiagNvml, Trust::Platform, 3, false).is_ok());
+        assert!(check_remediation_safety(GpuReset, Trust::Platform, 1, true).is_err());
+        assert!(check_remediation_safety(NodeReboot, Trust::Platform, 0, false).is_err());
+        assert!(matches!(
+            check_remediation_safety(NodeReboot, Trust::TenantControlled, 0, true),
+            Err(DomainError::Forbidden(_))
+        ));
+    }
+
+    #[test]
     fn statuses_move_only_forward_or_back_to_the_queue() {
         use CommandStatus::*;
         assert!(Queued.can_move_to(Dispatched));
@@ -641,6 +721,37 @@ mod tests {
                 .error
                 .as_deref()
                 .is_some_and(|e| e.contains("not sent again"))
+        );
+    }
+
+    #[test]
+    fn only_an_overdue_command_is_ended_as_overdue() {
+        let mut c = queued(CommandKind::LogsCollect);
+        let expired = c.expires_at;
+        assert_eq!(c.overdue(expired - Duration::seconds(1)), None);
+        assert_eq!(c.overdue(expired), Some(CommandStatus::Expired));
+        // Found expired, then dispatched before it was ended: judged as it is now, it has its
+        // whole timeout ahead and is refused, not timed out.
+        c.dispatch(1, expired).expect("dispatch");
+        assert_eq!(c.overdue(expired), None);
+        let refused = c.end_overdue(expired).expect_err("not overdue any more");
+        assert_eq!(
+            refused,
+            DomainError::CommandState {
+                id: c.id.to_string(),
+                current: "dispatched".into(),
+                attempted: "timed_out".into(),
+                finished: false,
+            }
+        );
+        assert_eq!(c.status, CommandStatus::Dispatched);
+        let deadline = c.deadline().expect("dispatched");
+        assert_eq!(c.end_overdue(deadline), Ok(CommandStatus::Dispatched));
+        assert_eq!(c.status, CommandStatus::TimedOut);
+        assert_eq!(
+            c.overdue(deadline),
+            None,
+            "a final command is never overdue"
         );
     }
 

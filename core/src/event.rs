@@ -66,8 +66,12 @@ axis_enum!(
         NodeUncordoned = "node.uncordoned",
         /// A drain started, or an operator drained again with a different deadline.
         NodeDrainStarted = "node.drain_started",
-        /// A drain ended (deadline passed or allocations released); the cordon stays.
+        /// A drain ended by its deadline, written before placement existed; drains now end
+        /// with `node.drained`. Kept so old rows still read.
         NodeDrainFinished = "node.drain_finished",
+        /// A draining node holds no allocations any more (released, or evicted at the
+        /// deadline): `draining` is cleared, the cordon stays.
+        NodeDrained = "node.drained",
         /// The gateway or Liveness moved `connectivity`.
         NodeConnectivityChanged = "node.connectivity_changed",
         /// Inventory, Health, Liveness or NodeLifecycle set a condition to a new status.
@@ -76,6 +80,16 @@ axis_enum!(
         NodeNoScheduleReasonAdded = "node.no_schedule_reason_added",
         /// A reason left `noScheduleReasons` (with the change that caused it).
         NodeNoScheduleReasonRemoved = "node.no_schedule_reason_removed",
+        /// A step of a condition's proof was satisfied: a command its clear rule names
+        /// succeeded on the node (from and to are the steps done, `GpuNeedsReset 0/2` →
+        /// `GpuNeedsReset 1/2`; the detail names the step and the command).
+        NodeConditionProofStep = "node.condition_proof_step",
+        /// A condition's proof started over: a verification failed, or a report showed the
+        /// evidence again after a step or after it was gone.
+        NodeConditionProofRestarted = "node.condition_proof_restarted",
+        /// A report no longer shows a condition's evidence; the condition stays `true` until
+        /// its proof (or an operator) clears it.
+        NodeConditionEvidenceGone = "node.condition_evidence_gone",
 
         // Nodes: operator fields.
         /// An operator taint was added or replaced.
@@ -100,6 +114,25 @@ axis_enum!(
         /// deletion. Certificates of the old generation stop working.
         NodeIdentityRevoked = "node.identity_revoked",
 
+        // Nodes: bare metal.
+        /// The Power controller read a different power state through the node's BMC (or lost
+        /// it: `unknown`).
+        NodePowerChanged = "node.power_changed",
+        /// The node's BMC accepted an operator's power action (`powerNode`: on, off, cycle).
+        /// The `power` axis follows when the Power controller next reads the BMC.
+        NodePowerAction = "node.power_action",
+
+        // Bare-metal workflows (about a node, not a change of its record: the node's own
+        // moves are `node.*` events of the same transaction). The workflow's id is the cause.
+        /// A workflow started: the node entered a state whose workflow runs (`inspecting`,
+        /// `releasing`, `retiring`).
+        WorkflowStarted = "workflow.started",
+        /// A step of a workflow changed status (from and to are the statuses; the data
+        /// names the step, its attempts and its last log line).
+        WorkflowStepChanged = "workflow.step_changed",
+        /// A workflow ended: succeeded, failed or aborted (the data carries the reason).
+        WorkflowFinished = "workflow.finished",
+
         // Commands: one event per status a command enters (`command.<status>`).
         /// A command was queued for a node.
         CommandQueued = "command.queued",
@@ -118,6 +151,25 @@ axis_enum!(
         /// The command waited in the queue past its TTL.
         CommandExpired = "command.expired",
 
+        // Health remediation (about a node; one event per status an attempt enters,
+        // `remediation.<status>`, with the attempt in `data` and its id as the cause).
+        /// A remediation try was scheduled: it waits for its time (backoff), for the node's
+        /// allocations to be released, or for the node to connect.
+        RemediationWaiting = "remediation.waiting",
+        /// A remediation try queued its action (`gpu.reset`, `node.reboot`).
+        RemediationActing = "remediation.acting",
+        /// A remediation try's action succeeded; its verification (`diag.nvml`) is queued.
+        RemediationVerifying = "remediation.verifying",
+        /// A remediation try's verification passed and the condition cleared.
+        RemediationSucceeded = "remediation.succeeded",
+        /// A remediation try failed; the next try (or step) waits for its backoff.
+        RemediationFailed = "remediation.failed",
+        /// Every step of the pool's remediation policy failed: maintenance on, `GpuNeedsPerson`.
+        RemediationGaveUp = "remediation.gave_up",
+        /// A remediation ended without a verdict: the condition cleared otherwise, or the node
+        /// left service.
+        RemediationCancelled = "remediation.cancelled",
+
         // Catalog and join tokens (no node).
         /// A tenant was created.
         TenantCreated = "tenant.created",
@@ -125,10 +177,31 @@ axis_enum!(
         SiteCreated = "site.created",
         /// A pool was created.
         PoolCreated = "pool.created",
+        /// A pool's settings changed (`updatePool`: its remediation policy).
+        PoolUpdated = "pool.updated",
+        /// A pool was offered to a tenant (`offerPool`): the tenant may reserve in it.
+        PoolOffered = "pool.offered",
         /// A join token was created.
         JoinTokenCreated = "join_token.created",
         /// A join token was revoked.
         JoinTokenRevoked = "join_token.revoked",
+
+        // Placement.
+        /// A reservation was created (`createReservation`), PENDING.
+        ReservationCreated = "reservation.created",
+        /// The placer booked every node of a reservation: PENDING → PLACED.
+        ReservationPlaced = "reservation.placed",
+        /// A placed reservation's allocations were evicted (drain deadline, lost node,
+        /// `NoExecute` taint): PLACED → PENDING, to be placed elsewhere.
+        ReservationEvicted = "reservation.evicted",
+        /// A reservation was released by its owner or expired once placed: → RELEASED.
+        ReservationReleased = "reservation.released",
+        /// A reservation can never be placed, or expired while pending: → FAILED.
+        ReservationFailed = "reservation.failed",
+        /// Atoms of a node were booked for a reservation (one event per node).
+        AllocationBooked = "allocation.booked",
+        /// An allocation ended: its reservation was released, or it was evicted.
+        AllocationReleased = "allocation.released",
 
         // Liveness (no node).
         /// Liveness paused for a site: too many of its nodes went silent at once (the fleet
@@ -140,6 +213,13 @@ axis_enum!(
 );
 
 impl EventType {
+    /// Whether events of this type record a change of a node's record (`node.*`): each
+    /// carries the node's version after the change, and the version's first event carries
+    /// what rebuilds it ([`crate::history`]).
+    pub fn is_node_change(self) -> bool {
+        self.as_static_str().starts_with("node.")
+    }
+
     /// The event of a command entering `status` (`command.<status>`).
     pub fn command(status: CommandStatus) -> EventType {
         match status {
@@ -151,6 +231,20 @@ impl EventType {
             CommandStatus::TimedOut => EventType::CommandTimedOut,
             CommandStatus::Cancelled => EventType::CommandCancelled,
             CommandStatus::Expired => EventType::CommandExpired,
+        }
+    }
+
+    /// The event of a remediation attempt entering `status` (`remediation.<status>`).
+    pub fn remediation(status: crate::remediation::AttemptStatus) -> EventType {
+        use crate::remediation::AttemptStatus;
+        match status {
+            AttemptStatus::Waiting => EventType::RemediationWaiting,
+            AttemptStatus::Acting => EventType::RemediationActing,
+            AttemptStatus::Verifying => EventType::RemediationVerifying,
+            AttemptStatus::Succeeded => EventType::RemediationSucceeded,
+            AttemptStatus::Failed => EventType::RemediationFailed,
+            AttemptStatus::GaveUp => EventType::RemediationGaveUp,
+            AttemptStatus::Cancelled => EventType::RemediationCancelled,
         }
     }
 }
@@ -165,6 +259,11 @@ pub struct Change {
     pub to: Option<String>,
     /// Free-form detail worth keeping with the event (a reason text, a deadline).
     pub detail: Option<String>,
+    /// The element of a keyed field the change is about: the label or taint key, the
+    /// condition type, the `noScheduleReasons` key. `None` for the scalar axes. The event's
+    /// structured detail ([`crate::history::change_detail`]) looks the element up by it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
 }
 
 impl Change {
@@ -180,7 +279,14 @@ impl Change {
             from: from.map(Into::into),
             to: to.map(Into::into),
             detail: None,
+            key: None,
         }
+    }
+
+    /// The element of a keyed field (label, taint, condition, reason) the change is about.
+    pub fn with_key(mut self, key: impl Into<String>) -> Self {
+        self.key = Some(key.into());
+        self
     }
 
     pub fn with_detail(mut self, detail: impl Into<String>) -> Self {
@@ -216,8 +322,12 @@ pub struct RecordedEvent {
 }
 
 impl RecordedEvent {
-    /// The node's version after the change, for node changes.
+    /// The node's version after the change, for node changes (`node.*` events). Other events
+    /// about a node (commands, allocations) carry no node version.
     pub fn node_version(&self) -> Option<i64> {
+        if !self.event_type.is_node_change() {
+            return None;
+        }
         self.data.get("version").and_then(serde_json::Value::as_i64)
     }
 }
@@ -243,10 +353,21 @@ mod tests {
             EventType::NodeUncordoned => "node.uncordoned",
             EventType::NodeDrainStarted => "node.drain_started",
             EventType::NodeDrainFinished => "node.drain_finished",
+            EventType::NodeDrained => "node.drained",
             EventType::NodeConnectivityChanged => "node.connectivity_changed",
             EventType::NodeConditionChanged => "node.condition_changed",
             EventType::NodeNoScheduleReasonAdded => "node.no_schedule_reason_added",
             EventType::NodeNoScheduleReasonRemoved => "node.no_schedule_reason_removed",
+            EventType::NodeConditionProofStep => "node.condition_proof_step",
+            EventType::NodeConditionProofRestarted => "node.condition_proof_restarted",
+            EventType::NodeConditionEvidenceGone => "node.condition_evidence_gone",
+            EventType::RemediationWaiting => "remediation.waiting",
+            EventType::RemediationActing => "remediation.acting",
+            EventType::RemediationVerifying => "remediation.verifying",
+            EventType::RemediationSucceeded => "remediation.succeeded",
+            EventType::RemediationFailed => "remediation.failed",
+            EventType::RemediationGaveUp => "remediation.gave_up",
+            EventType::RemediationCancelled => "remediation.cancelled",
             EventType::NodeTainted => "node.tainted",
             EventType::NodeUntainted => "node.untainted",
             EventType::NodeLabelSet => "node.label_set",
@@ -256,6 +377,11 @@ mod tests {
             EventType::NodeSpecGeneration => "node.spec_generation",
             EventType::NodeObservedGeneration => "node.observed_generation",
             EventType::NodeIdentityRevoked => "node.identity_revoked",
+            EventType::NodePowerChanged => "node.power_changed",
+            EventType::NodePowerAction => "node.power_action",
+            EventType::WorkflowStarted => "workflow.started",
+            EventType::WorkflowStepChanged => "workflow.step_changed",
+            EventType::WorkflowFinished => "workflow.finished",
             EventType::CommandQueued => "command.queued",
             EventType::CommandDispatched => "command.dispatched",
             EventType::CommandRunning => "command.running",
@@ -267,16 +393,25 @@ mod tests {
             EventType::TenantCreated => "tenant.created",
             EventType::SiteCreated => "site.created",
             EventType::PoolCreated => "pool.created",
+            EventType::PoolOffered => "pool.offered",
+            EventType::PoolUpdated => "pool.updated",
             EventType::JoinTokenCreated => "join_token.created",
             EventType::JoinTokenRevoked => "join_token.revoked",
             EventType::SiteLivenessPaused => "site.liveness_paused",
             EventType::SiteLivenessResumed => "site.liveness_resumed",
+            EventType::ReservationCreated => "reservation.created",
+            EventType::ReservationPlaced => "reservation.placed",
+            EventType::ReservationEvicted => "reservation.evicted",
+            EventType::ReservationReleased => "reservation.released",
+            EventType::ReservationFailed => "reservation.failed",
+            EventType::AllocationBooked => "allocation.booked",
+            EventType::AllocationReleased => "allocation.released",
         }
     }
 
     #[test]
     fn event_types_are_pinned_and_round_trip() {
-        assert_eq!(EventType::ALL.len(), 39);
+        assert_eq!(EventType::ALL.len(), 64);
         let mut seen = std::collections::BTreeSet::new();
         for t in EventType::ALL.iter().copied() {
             let spelling = pinned(t);
@@ -289,6 +424,16 @@ mod tests {
             assert_eq!(serde_json::from_str::<EventType>(&json).ok(), Some(t));
         }
         assert!(EventType::from_str("test.filler").is_err());
+    }
+
+    #[test]
+    fn remediation_events_are_remediation_dot_status() {
+        for status in crate::remediation::AttemptStatus::ALL.iter().copied() {
+            assert_eq!(
+                EventType::remediation(status).as_static_str(),
+                format!("remediation.{status}")
+            );
+        }
     }
 
     #[test]

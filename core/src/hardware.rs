@@ -5,6 +5,7 @@
 //! the key is trusted (and then unique across nodes) only when at least two independent
 //! identifiers survive.
 
+use crate::DomainError;
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -102,12 +103,68 @@ fn normalise(kind: &str, raw: &str) -> Option<String> {
     }
 }
 
+/// The kind an identifier's name gives: `<kind>` or `<kind>:<anything>` (`mac:eth0`).
+fn kind_of(name: &str) -> &str {
+    name.split(':').next().unwrap_or_default()
+}
+
+/// Checks an identifier's name as an operator gives it (at enrolment): one of
+/// [`IDENTIFIER_KINDS`], or `<kind>:<anything>`. A daemon's unknown names are ignored instead
+/// (a newer daemon may report more), but an operator's typo would silently weaken a match.
+pub fn validate_identifier_name(name: &str) -> Result<(), DomainError> {
+    if IDENTIFIER_KINDS.contains(&kind_of(name)) {
+        Ok(())
+    } else {
+        Err(DomainError::BadInput(format!(
+            "`{name}` is not a machine identifier: expected one of {} (or `<kind>:<anything>`, such as `mac:eth0`)",
+            IDENTIFIER_KINDS.join(", ")
+        )))
+    }
+}
+
+/// Whether two sets of normalised identifiers (as [`HardwareKey::identifiers`] holds them)
+/// describe one machine, when they were gathered by different means: a BMC's report at
+/// enrolment and the daemon's own inventory, which name different subsets of a machine's
+/// identifiers (the BMC knows the host NICs it sees, the daemon every interface). A kind both
+/// report agrees when they share a value and contradicts when they share none. One machine:
+/// at least [`MIN_TRUSTED_IDENTIFIERS`] kinds agree (the bar a key's trust has) and none
+/// contradicts, so a board swapped with its serial, or firmware's duplicated UUID, never
+/// makes two machines one.
+pub fn same_machine(
+    a: &BTreeMap<String, BTreeSet<String>>,
+    b: &BTreeMap<String, BTreeSet<String>>,
+) -> bool {
+    let mut agreeing = 0;
+    for (kind, values) in a {
+        let Some(others) = b.get(kind) else {
+            continue;
+        };
+        if values.is_disjoint(others) {
+            return false;
+        }
+        agreeing += 1;
+    }
+    agreeing >= MIN_TRUSTED_IDENTIFIERS
+}
+
 /// Computes the hardware key from identifiers named `<kind>` or `<kind>:<anything>` (e.g.
 /// `mac:eth0`). Unknown kinds are ignored.
 pub fn hardware_key(identifiers: &BTreeMap<String, String>) -> HardwareKey {
+    hardware_key_of(
+        identifiers
+            .iter()
+            .map(|(name, value)| (name.as_str(), value.as_str())),
+    )
+}
+
+/// [`hardware_key`] of `(name, value)` pairs, where a name may come more than once (an
+/// operator listing a machine's MACs each as `mac`).
+pub fn hardware_key_of<'a>(
+    identifiers: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> HardwareKey {
     let mut by_kind: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for (name, raw) in identifiers {
-        let kind = name.split(':').next().unwrap_or_default();
+        let kind = kind_of(name);
         if !IDENTIFIER_KINDS.contains(&kind) {
             continue;
         }
@@ -191,6 +248,52 @@ mod tests {
             ("system-uuid", "4c4c4544004235108051b7c04f4e3732"),
         ]));
         assert_ne!(a.key, c.key);
+    }
+
+    #[test]
+    fn a_bmc_report_and_a_daemon_inventory_of_one_machine_match() {
+        let daemon = hardware_key(&ids(&[
+            ("system-uuid", "4C4C4544-0042-3510-8051-B7C04F4E3732"),
+            ("board-serial", "CN7016"),
+            ("chassis-serial", "C0FFEE1234"),
+            ("mac:eno1", "3c:ec:ef:12:34:56"),
+            ("mac:ibp0", "b8:ce:f6:00:00:01"),
+        ]))
+        .identifiers;
+        // The BMC's spelling and subset: the UUID with braces, the host NIC only.
+        let bmc = hardware_key(&ids(&[
+            ("system-uuid", "{4c4c4544-0042-3510-8051-b7c04f4e3732}"),
+            ("mac", "3C-EC-EF-12-34-56"),
+            ("system-serial", "SYS-123"),
+        ]))
+        .identifiers;
+        assert!(same_machine(&bmc, &daemon));
+        assert!(same_machine(&daemon, &bmc));
+        // One kind in common is not enough evidence.
+        let uuid_only = hardware_key(&ids(&[
+            ("system-uuid", "4C4C4544-0042-3510-8051-B7C04F4E3732"),
+            ("system-serial", "SYS-123"),
+        ]))
+        .identifiers;
+        assert!(!same_machine(&uuid_only, &daemon));
+        // A contradiction outweighs agreements: another machine with a copied UUID.
+        let other = hardware_key(&ids(&[
+            ("system-uuid", "4C4C4544-0042-3510-8051-B7C04F4E3732"),
+            ("mac", "3c:ec:ef:12:34:56"),
+            ("board-serial", "CN9999"),
+        ]))
+        .identifiers;
+        assert!(!same_machine(&other, &daemon));
+    }
+
+    #[test]
+    fn identifier_names_are_known_kinds() {
+        for name in ["system-uuid", "mac", "mac:eth0", "tpm-ek", "system-serial"] {
+            assert!(validate_identifier_name(name).is_ok(), "{name}");
+        }
+        for name in ["system_uuid", "", "serial", "favourite-colour"] {
+            assert!(validate_identifier_name(name).is_err(), "{name}");
+        }
     }
 
     #[test]

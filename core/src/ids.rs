@@ -101,6 +101,27 @@ prefixed_id!(
     JoinTokenId,
     "jt_"
 );
+prefixed_id!(
+    /// A reservation: a request for GPUs that the placer books.
+    ReservationId,
+    "rsv_"
+);
+prefixed_id!(
+    /// An allocation: atoms of one node booked for one reservation.
+    AllocationId,
+    "alloc_"
+);
+prefixed_id!(
+    /// One try of health remediation on a node (an action and its verification).
+    RemediationId,
+    "rem_"
+);
+
+prefixed_id!(
+    /// A bare-metal workflow (inspect, release, retire) run on one node.
+    WorkflowId,
+    "wf_"
+);
 
 /// An event's public id, `evt_<seq>`: the sequence number is the resume cursor, so ids of
 /// events compare in the order they were committed to the log.

@@ -10,23 +10,30 @@
 //! Time enters only through the [`clock::Clock`] trait (or an explicit `now` argument), so
 //! every rule is testable without sleeping.
 
+pub mod acceptance;
 pub mod actor;
 pub mod axes;
+pub mod bare_metal;
 pub mod catalog;
+pub mod clear;
 pub mod clock;
 pub mod command;
 pub mod error;
 pub mod event;
 pub mod hardware;
 pub mod health;
+pub mod history;
 pub mod ids;
 pub mod join;
 pub mod node;
+pub mod placement;
 pub mod protocol;
 pub mod provision;
 pub mod reason;
+pub mod remediation;
 pub mod schedule;
 pub mod view;
+pub mod workflow;
 
 pub use actor::Actor;
 pub use error::DomainError;

@@ -15,6 +15,7 @@ use crate::actor::Actor;
 use crate::axes::{
     Adapter, ConditionStatus, Connectivity, Power, ProvisionState, Role, TaintEffect, Trust,
 };
+use crate::clear::{self, ClearRule, Proof, ProofEffect};
 use crate::error::DomainError;
 use crate::event::{Axis, Change, EventType};
 use crate::ids::{NodeId, PoolId, SiteId, TenantId};
@@ -23,6 +24,7 @@ use crate::reason::{NoScheduleReason, ReasonKey};
 
 /// Why and by whom a node was cordoned.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Cordon {
     pub reason: String,
     pub by: Actor,
@@ -32,6 +34,7 @@ pub struct Cordon {
 /// A drain under way: the node is cordoned and `draining` is in `noScheduleReasons` until its
 /// allocations are released or the deadline passes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Drain {
     pub started_at: DateTime<Utc>,
     pub deadline: Option<DateTime<Utc>>,
@@ -39,6 +42,7 @@ pub struct Drain {
 
 /// An operator taint.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Taint {
     pub key: String,
     pub value: String,
@@ -49,6 +53,7 @@ pub struct Taint {
 
 /// A typed condition, as in Kubernetes: a status plus the evidence for it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Condition {
     pub kind: String,
     pub status: ConditionStatus,
@@ -60,11 +65,16 @@ pub struct Condition {
     pub set_by: Actor,
     pub last_transition_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    /// For a condition that clears only on proof or by hand ([`crate::clear::ClearRule`]):
+    /// how far its proof is (which step is satisfied, by which command, when), and whether
+    /// its evidence is gone. Kept after it clears, to show how it was cleared.
+    pub proof: Option<crate::clear::Proof>,
 }
 
 /// The current (or last) gateway session; lives in its own row so heartbeats never bump the
 /// node's `version`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Session {
     pub epoch: i64,
     pub gateway_id: String,
@@ -76,6 +86,7 @@ pub struct Session {
 /// Everything the control plane knows about a node. Modules and node adapters get this;
 /// the API gets [`crate::view::NodeDetail`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct NodeRecord {
     pub id: NodeId,
     pub hostname: String,
@@ -359,7 +370,7 @@ impl NodeRecord {
             .collect();
         changes.push(
             Change::new(
-                EventType::NodeDrainFinished,
+                EventType::NodeDrained,
                 Axis::Cordoned,
                 None::<String>,
                 None::<String>,
@@ -369,8 +380,9 @@ impl NodeRecord {
         changes
     }
 
-    /// Adds or replaces an operator taint. A NoSchedule taint adds `taint:<key>` to
-    /// `noScheduleReasons`; a PreferNoSchedule one does not.
+    /// Adds or replaces an operator taint. A NoSchedule or NoExecute taint adds `taint:<key>`
+    /// to `noScheduleReasons`; a PreferNoSchedule one does not. (Evicting the work a NoExecute
+    /// taint does not tolerate is the placer's, in the same transaction.)
     pub fn taint(
         &mut self,
         key: &str,
@@ -408,15 +420,20 @@ impl NodeRecord {
         if unchanged {
             return Ok(Vec::new());
         }
-        let mut changes = vec![Change::new(
-            EventType::NodeTainted,
-            Axis::Taints,
-            previous.as_ref().map(render_taint),
-            Some(rendered),
-        )];
+        let mut changes = vec![
+            Change::new(
+                EventType::NodeTainted,
+                Axis::Taints,
+                previous.as_ref().map(render_taint),
+                Some(rendered),
+            )
+            .with_key(key),
+        ];
         let reason = ReasonKey::Taint(key.to_owned());
         changes.extend(match effect {
-            TaintEffect::NoSchedule => self.add_reason(reason, by, now, None),
+            TaintEffect::NoSchedule | TaintEffect::NoExecute => {
+                self.add_reason(reason, by, now, None)
+            }
             TaintEffect::PreferNoSchedule => self.remove_reason(&reason),
         });
         Ok(changes)
@@ -433,18 +450,41 @@ impl NodeRecord {
                 id: format!("{key} on {}", self.id),
             })?;
         let removed = self.taints.remove(index);
-        let mut changes = vec![Change::new(
-            EventType::NodeUntainted,
-            Axis::Taints,
-            Some(render_taint(&removed)),
-            None::<String>,
-        )];
+        let mut changes = vec![
+            Change::new(
+                EventType::NodeUntainted,
+                Axis::Taints,
+                Some(render_taint(&removed)),
+                None::<String>,
+            )
+            .with_key(key),
+        ];
         changes.extend(self.remove_reason(&ReasonKey::Taint(key.to_owned())));
         Ok(changes)
     }
 
-    /// Sets and removes labels in one step. A key both set and removed is refused.
+    /// An operator's `labelNode`: sets and removes labels in one step. A key both set and
+    /// removed is refused, and so is any key under the inventory's prefix
+    /// ([`crate::health::INVENTORY_LABEL_PREFIX`]): those labels are inventory's, replaced on
+    /// every report, so an operator's value would be silently overwritten (or a removed one
+    /// come back) and selectors on them could no longer be trusted to mean the hardware.
     pub fn update_labels(
+        &mut self,
+        set: &BTreeMap<String, String>,
+        remove: &[String],
+    ) -> Result<Vec<Change>, DomainError> {
+        let prefix = crate::health::INVENTORY_LABEL_PREFIX;
+        if let Some(key) = set.keys().chain(remove).find(|k| k.starts_with(prefix)) {
+            return Err(DomainError::ReservedLabel {
+                key: key.clone(),
+                owner: "inventory",
+            });
+        }
+        self.write_labels(set, remove)
+    }
+
+    /// Sets and removes labels, whoever owns them.
+    fn write_labels(
         &mut self,
         set: &BTreeMap<String, String>,
         remove: &[String],
@@ -462,22 +502,28 @@ impl NodeRecord {
         for (key, value) in set {
             let previous = self.labels.insert(key.clone(), value.clone());
             if previous.as_ref() != Some(value) {
-                changes.push(Change::new(
-                    EventType::NodeLabelSet,
-                    Axis::Labels,
-                    previous.map(|v| format!("{key}={v}")),
-                    Some(format!("{key}={value}")),
-                ));
+                changes.push(
+                    Change::new(
+                        EventType::NodeLabelSet,
+                        Axis::Labels,
+                        previous.map(|v| format!("{key}={v}")),
+                        Some(format!("{key}={value}")),
+                    )
+                    .with_key(key.as_str()),
+                );
             }
         }
         for key in remove {
             if let Some(previous) = self.labels.remove(key) {
-                changes.push(Change::new(
-                    EventType::NodeLabelRemoved,
-                    Axis::Labels,
-                    Some(format!("{key}={previous}")),
-                    None::<String>,
-                ));
+                changes.push(
+                    Change::new(
+                        EventType::NodeLabelRemoved,
+                        Axis::Labels,
+                        Some(format!("{key}={previous}")),
+                        None::<String>,
+                    )
+                    .with_key(key.as_str()),
+                );
             }
         }
         Ok(changes)
@@ -522,6 +568,7 @@ impl NodeRecord {
                 _ => now,
             },
             updated_at: now,
+            proof: previous.as_ref().and_then(|p| p.proof.clone()),
         };
         let mut changes = Vec::new();
         if transitioned {
@@ -532,7 +579,8 @@ impl NodeRecord {
                     previous.as_ref().map(|c| format!("{kind}={}", c.status)),
                     Some(format!("{kind}={status}")),
                 )
-                .with_detail(reason),
+                .with_detail(reason)
+                .with_key(kind),
             );
         }
         self.conditions.push(condition);
@@ -576,10 +624,11 @@ impl NodeRecord {
         changes
     }
 
-    /// Applies what the node's `gpus` report says: the inventory labels (replacing earlier
-    /// ones under the inventory prefix, never touching operators' labels), the GPU count, and
-    /// every health condition with its reason.
-    pub fn apply_gpu_inventory(
+    /// Applies what the node's inventory says (`health::interpret` over every reported
+    /// section): the inventory labels (the whole set under the inventory prefix, replacing
+    /// earlier ones, never touching operators' labels), the GPU count once `gpus` was
+    /// reported, and every condition the reports decide, each with its reason.
+    pub fn apply_inventory(
         &mut self,
         facts: &crate::health::InventoryFacts,
         by: &Actor,
@@ -592,28 +641,263 @@ impl NodeRecord {
             .filter(|k| k.starts_with(prefix) && !facts.labels.contains_key(*k))
             .cloned()
             .collect();
-        let mut changes = self.update_labels(&facts.labels, &stale)?;
-        let count = i32::try_from(facts.devices.len()).unwrap_or(i32::MAX);
-        if count != self.gpu_count {
-            changes.push(Change::new(
-                EventType::NodeGpuCountChanged,
-                Axis::Inventory,
-                Some(self.gpu_count.to_string()),
-                Some(count.to_string()),
-            ));
-            self.gpu_count = count;
+        let mut changes = self.write_labels(&facts.labels, &stale)?;
+        if let Some(devices) = &facts.devices {
+            let count = i32::try_from(devices.len()).unwrap_or(i32::MAX);
+            if count != self.gpu_count {
+                changes.push(Change::new(
+                    EventType::NodeGpuCountChanged,
+                    Axis::Inventory,
+                    Some(self.gpu_count.to_string()),
+                    Some(count.to_string()),
+                ));
+                self.gpu_count = count;
+            }
         }
         for condition in &facts.conditions {
-            changes.extend(self.set_condition(
+            changes.extend(self.report_condition(
                 condition.kind,
                 condition.status,
                 &condition.reason,
                 &condition.message,
-                true,
                 by,
                 now,
             )?);
         }
+        Ok(changes)
+    }
+
+    /// What a report says about one NoSchedule condition, applied as its clear rule says
+    /// ([`crate::clear`]). A condition that clears with its evidence follows the report. One
+    /// that clears only on proof or by hand is raised by evidence (with a fresh proof), but a
+    /// report without the evidence only records that the evidence is gone
+    /// (`node.condition_evidence_gone`); evidence that comes back after a step of the proof
+    /// or after it was gone restarts the proof (`node.condition_proof_restarted`).
+    pub fn report_condition(
+        &mut self,
+        kind: &str,
+        status: ConditionStatus,
+        reason: &str,
+        message: &str,
+        by: &Actor,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<Change>, DomainError> {
+        let rule = ClearRule::for_condition(kind);
+        if rule.clears_with_evidence() {
+            return self.set_condition(kind, status, reason, message, true, by, now);
+        }
+        let index = self.conditions.iter().position(|c| c.kind == kind);
+        let current = index.map(|i| self.conditions[i].status);
+        let evidence = status == ConditionStatus::True;
+        match (evidence, index, current) {
+            (true, Some(i), Some(ConditionStatus::True)) => {
+                let condition = &mut self.conditions[i];
+                condition.message = message.to_owned();
+                condition.updated_at = now;
+                let raised = condition.last_transition_at;
+                let proof = condition.proof.get_or_insert_with(|| Proof::new(raised));
+                Ok(match clear::evidence_seen(proof, now) {
+                    Some(why) => vec![
+                        Change::new(
+                            EventType::NodeConditionProofRestarted,
+                            Axis::Conditions,
+                            None::<String>,
+                            Some(kind),
+                        )
+                        .with_detail(format!("{kind}: {why}; {}", rule.describe())),
+                    ],
+                    None => Vec::new(),
+                })
+            }
+            (true, ..) => {
+                let changes = self.set_condition(kind, status, reason, message, true, by, now)?;
+                if let Some(condition) = self.conditions.iter_mut().find(|c| c.kind == kind) {
+                    condition.proof = Some(Proof::new(now));
+                }
+                Ok(changes)
+            }
+            (false, Some(i), Some(ConditionStatus::True)) => {
+                let condition = &mut self.conditions[i];
+                let raised = condition.last_transition_at;
+                let proof = condition.proof.get_or_insert_with(|| Proof::new(raised));
+                if !clear::evidence_gone(proof, now) {
+                    return Ok(Vec::new());
+                }
+                condition.updated_at = now;
+                Ok(vec![
+                    Change::new(
+                        EventType::NodeConditionEvidenceGone,
+                        Axis::Conditions,
+                        None::<String>,
+                        Some(kind),
+                    )
+                    .with_detail(format!(
+                        "{kind}: a report no longer shows the evidence; it stays set, as it {}",
+                        rule.describe()
+                    )),
+                ])
+            }
+            // Already cleared (by proof or by hand): a report without evidence keeps how.
+            (false, Some(_), Some(ConditionStatus::False)) => Ok(Vec::new()),
+            (false, ..) => self.set_condition(kind, status, reason, message, true, by, now),
+        }
+    }
+
+    /// A command on this node ended: every `true` condition whose clear rule is a proof of
+    /// commands takes it into account ([`clear::observe`]). A step satisfied writes
+    /// `node.condition_proof_step`; the last one clears the condition (reason `Proven`) and
+    /// its `noScheduleReasons` entry; a failed verification writes
+    /// `node.condition_proof_restarted`.
+    pub fn observe_command(
+        &mut self,
+        command: &crate::command::Command,
+        by: &Actor,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<Change>, DomainError> {
+        let mut changes = Vec::new();
+        let proving: Vec<String> = self
+            .conditions
+            .iter()
+            .filter(|c| c.status == ConditionStatus::True)
+            .map(|c| c.kind.clone())
+            .collect();
+        for kind in proving {
+            let rule = ClearRule::for_condition(&kind);
+            let steps = rule.steps();
+            if steps.is_empty() {
+                continue;
+            }
+            let Some(condition) = self.conditions.iter_mut().find(|c| c.kind == kind) else {
+                continue;
+            };
+            let raised = condition.last_transition_at;
+            let proof = condition.proof.get_or_insert_with(|| Proof::new(raised));
+            let before = proof.progress(steps.len());
+            match clear::observe(steps, proof, command, now) {
+                ProofEffect::None => {}
+                ProofEffect::Advanced { step, complete } => {
+                    let after = proof.progress(steps.len());
+                    let done: Vec<String> = proof
+                        .satisfied
+                        .iter()
+                        .map(|s| format!("{} {}", s.kind, s.command_id))
+                        .collect();
+                    condition.updated_at = now;
+                    changes.push(
+                        Change::new(
+                            EventType::NodeConditionProofStep,
+                            Axis::Conditions,
+                            Some(format!("{kind} {before}")),
+                            Some(format!("{kind} {after}")),
+                        )
+                        .with_detail(format!(
+                            "{kind}: step {} of {} satisfied ({}: {} {})",
+                            step + 1,
+                            steps.len(),
+                            steps[step].describe(),
+                            command.kind,
+                            command.id
+                        )),
+                    );
+                    if complete {
+                        let no_schedule = condition.no_schedule;
+                        let message = format!("proven: {}", done.join(", then "));
+                        changes.extend(self.set_condition(
+                            &kind,
+                            ConditionStatus::False,
+                            "Proven",
+                            &message,
+                            no_schedule,
+                            by,
+                            now,
+                        )?);
+                    }
+                }
+                ProofEffect::Restarted(why) => {
+                    condition.updated_at = now;
+                    changes.push(
+                        Change::new(
+                            EventType::NodeConditionProofRestarted,
+                            Axis::Conditions,
+                            Some(format!("{kind} {before}")),
+                            Some(format!("{kind} 0/{}", steps.len())),
+                        )
+                        .with_detail(format!("{kind}: {why}")),
+                    );
+                }
+            }
+        }
+        Ok(changes)
+    }
+
+    /// An operator clears a `true` condition by hand, with a reason of their own (which the
+    /// condition and its event keep, with the operator as the actor). Clearing
+    /// `GpuNeedsPerson` also ends the maintenance that remediation turned on when it gave up
+    /// (maintenance on a node that is not `failed`: a failed workflow's maintenance ends only
+    /// with `recover`).
+    pub fn clear_condition_by_hand(
+        &mut self,
+        kind: &str,
+        reason: &str,
+        by: &Actor,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<Change>, DomainError> {
+        let reason = validate_reason(reason)?;
+        let Some(no_schedule) = self
+            .conditions
+            .iter()
+            .find(|c| c.kind == kind && c.status == ConditionStatus::True)
+            .map(|c| c.no_schedule)
+        else {
+            return Err(DomainError::BadInput(format!(
+                "condition `{kind}` is not set on node {}: there is nothing to clear",
+                self.id
+            )));
+        };
+        let said = format!("cleared by hand by {by}: {reason}");
+        let mut changes = self.set_condition(
+            kind,
+            ConditionStatus::False,
+            "ClearedByOperator",
+            &said,
+            no_schedule,
+            by,
+            now,
+        )?;
+        if let Some(first) = changes.first_mut() {
+            first.detail = Some(said);
+        }
+        if kind == crate::clear::GPU_NEEDS_PERSON
+            && self.maintenance
+            && self.provision_state != ProvisionState::Failed
+        {
+            changes.extend(self.set_maintenance(false, None));
+        }
+        Ok(changes)
+    }
+
+    /// Health remediation gave up on `condition`: maintenance on, and `GpuNeedsPerson` set
+    /// (the seed's rule), both saying why.
+    pub fn give_up_remediation(
+        &mut self,
+        condition: &str,
+        why: &str,
+        by: &Actor,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<Change>, DomainError> {
+        let said = format!("remediation of {condition} gave up: {why}");
+        let mut changes: Vec<Change> = self
+            .set_maintenance(true, Some(said.clone()))
+            .into_iter()
+            .collect();
+        changes.extend(self.report_condition(
+            crate::clear::GPU_NEEDS_PERSON,
+            ConditionStatus::True,
+            "RemediationGaveUp",
+            &format!("{said}; a person must look at the machine"),
+            by,
+            now,
+        )?);
         Ok(changes)
     }
 
@@ -737,6 +1021,9 @@ impl NodeRecord {
         now: DateTime<Utc>,
         detail: Option<String>,
     ) -> Option<Change> {
+        // An empty detail is no detail (storage keeps `""` as none), so the record in memory
+        // equals the record read back, which the history's rebuild relies on.
+        let detail = detail.filter(|d| !d.is_empty());
         if let Some(existing) = self.no_schedule_reasons.iter_mut().find(|r| r.key == key) {
             // Same reason again: keep who set it first and since when, refresh the detail.
             existing.detail = detail;
@@ -750,12 +1037,15 @@ impl NodeRecord {
             detail,
         });
         self.no_schedule_reasons.sort_by(|a, b| a.key.cmp(&b.key));
-        Some(Change::new(
-            EventType::NodeNoScheduleReasonAdded,
-            Axis::NoScheduleReasons,
-            None::<String>,
-            Some(rendered),
-        ))
+        Some(
+            Change::new(
+                EventType::NodeNoScheduleReasonAdded,
+                Axis::NoScheduleReasons,
+                None::<String>,
+                Some(rendered.clone()),
+            )
+            .with_key(rendered),
+        )
     }
 
     fn remove_reason(&mut self, key: &ReasonKey) -> Option<Change> {
@@ -764,12 +1054,15 @@ impl NodeRecord {
             .iter()
             .position(|r| &r.key == key)?;
         self.no_schedule_reasons.remove(index);
-        Some(Change::new(
-            EventType::NodeNoScheduleReasonRemoved,
-            Axis::NoScheduleReasons,
-            Some(key.to_string()),
-            None::<String>,
-        ))
+        Some(
+            Change::new(
+                EventType::NodeNoScheduleReasonRemoved,
+                Axis::NoScheduleReasons,
+                Some(key.to_string()),
+                None::<String>,
+            )
+            .with_key(key.to_string()),
+        )
     }
 
     /// The reason keys alone, sorted: the seed's one column the placer reads.
@@ -1059,6 +1352,52 @@ pub(crate) mod tests {
         assert!(n.update_labels(&bad, &[]).is_err());
         let both = BTreeMap::from([("a".to_owned(), "b".to_owned())]);
         assert!(n.update_labels(&both, &["a".into()]).is_err());
+    }
+
+    #[test]
+    fn inventory_labels_are_inventorys_alone() {
+        let mut n = node(ProvisionState::Adopted);
+        let key = format!("{}gpu-model", crate::health::INVENTORY_LABEL_PREFIX);
+        let facts = crate::health::InventoryFacts {
+            devices: None,
+            labels: BTreeMap::from([(key.clone(), "H100".to_owned())]),
+            conditions: Vec::new(),
+        };
+        let operator = BTreeMap::from([("team".to_owned(), "ml".to_owned())]);
+        n.update_labels(&operator, &[])
+            .expect("an operator's label");
+        assert_eq!(
+            n.apply_inventory(&facts, &alice(), t0())
+                .expect("applied")
+                .len(),
+            1
+        );
+        let forged = BTreeMap::from([(key.clone(), "A100".to_owned())]);
+        let refused = n.update_labels(&forged, &[]).expect_err("inventory's");
+        assert_eq!(
+            refused,
+            DomainError::ReservedLabel {
+                key: key.clone(),
+                owner: "inventory"
+            }
+        );
+        assert!(
+            n.update_labels(&BTreeMap::new(), std::slice::from_ref(&key))
+                .is_err()
+        );
+        assert_eq!(n.labels[&key], "H100");
+        // A report without the label removes it; the operator's stays, and the GPU count is
+        // left alone while `gpus` was never reported.
+        let empty = crate::health::InventoryFacts {
+            devices: None,
+            labels: BTreeMap::new(),
+            conditions: Vec::new(),
+        };
+        n.gpu_count = 8;
+        n.apply_inventory(&empty, &alice(), t0()).expect("applied");
+        assert!(!n.labels.contains_key(&key));
+        assert_eq!(n.labels["team"], "ml");
+        assert_eq!(n.gpu_count, 8);
     }
 
     #[test]

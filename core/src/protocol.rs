@@ -107,6 +107,116 @@ pub enum DaemonMessage {
     },
 }
 
+/// Why a frame is not a [`DaemonMessage`]. Every frame a daemon sends goes through
+/// [`DaemonMessage::decode`], and whatever the bytes, the answer is a message or one of these;
+/// the gateway closes the session with its text (`Display`) and counts it by
+/// [`FrameError::reason`]. The text never repeats more than [`ECHO_BYTES`] of what the daemon
+/// sent, so a hostile frame cannot fill logs or close frames with itself.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    #[error("the frame is {bytes} bytes; the most bcd/v1 accepts is {MAX_FRAME_BYTES}")]
+    TooLarge { bytes: usize },
+    #[error("the frame is not UTF-8 (invalid byte at offset {valid_up_to})")]
+    NotUtf8 { valid_up_to: usize },
+    #[error("the frame is not JSON: {0}")]
+    NotJson(String),
+    #[error("the frame is not a JSON object with a string `type`")]
+    NoType,
+    #[error("unknown message type `{0}`")]
+    UnknownType(String),
+    #[error("malformed `{message_type}` message: {detail}")]
+    Malformed {
+        message_type: &'static str,
+        detail: String,
+    },
+}
+
+/// The most bytes of a daemon's own text (a type, a field name) a [`FrameError`] repeats.
+pub const ECHO_BYTES: usize = 64;
+
+impl FrameError {
+    /// A stable label for metrics (`bc_gateway_frames_rejected_total{reason}`).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            FrameError::TooLarge { .. } => "too_large",
+            FrameError::NotUtf8 { .. } => "not_utf8",
+            FrameError::NotJson(_) => "not_json",
+            FrameError::NoType => "no_type",
+            FrameError::UnknownType(_) => "unknown_type",
+            FrameError::Malformed { .. } => "malformed",
+        }
+    }
+}
+
+/// `text` cut to [`ECHO_BYTES`] on a character boundary, marked when cut.
+fn echo(text: &str) -> String {
+    if text.len() <= ECHO_BYTES {
+        return text.to_owned();
+    }
+    let mut end = ECHO_BYTES;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
+/// serde_json's error in words, without its quotes of the input cut short: serde names an
+/// unknown field or variant in full, which may be as long as the frame.
+fn serde_detail(err: &serde_json::Error) -> String {
+    let text = err.to_string();
+    let cut = echo(&text);
+    if cut.len() < text.len() {
+        format!("{cut} (at line {}, column {})", err.line(), err.column())
+    } else {
+        text
+    }
+}
+
+impl DaemonMessage {
+    /// Every `type` a daemon may send, as spelled on the wire.
+    pub const TYPES: &'static [&'static str] = &[
+        "hello",
+        "heartbeat",
+        "commandStarted",
+        "commandResult",
+        "converged",
+        "inventory",
+    ];
+
+    /// Decodes one frame: the only way the gateway reads what a daemon sent. Pure and total:
+    /// any bytes give a message or a [`FrameError`], never a panic (serde_json's recursion
+    /// limit bounds nesting, [`MAX_FRAME_BYTES`] bounds the size).
+    pub fn decode(frame: &[u8]) -> Result<DaemonMessage, FrameError> {
+        if frame.len() > MAX_FRAME_BYTES {
+            return Err(FrameError::TooLarge { bytes: frame.len() });
+        }
+        let text = std::str::from_utf8(frame).map_err(|err| FrameError::NotUtf8 {
+            valid_up_to: err.valid_up_to(),
+        })?;
+        // Parsed as a value first, so that a frame of the wrong type is told apart from a
+        // frame of a known type with bad fields: the daemon's author needs to know which.
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|err| FrameError::NotJson(serde_detail(&err)))?;
+        let Some(tag) = value.get("type").and_then(serde_json::Value::as_str) else {
+            return Err(FrameError::NoType);
+        };
+        let Some(message_type) = Self::TYPES.iter().copied().find(|t| *t == tag) else {
+            return Err(FrameError::UnknownType(echo(tag)));
+        };
+        serde_json::from_value(value).map_err(|err| FrameError::Malformed {
+            message_type,
+            detail: serde_detail(&err),
+        })
+    }
+
+    /// The frame's text, as [`DaemonMessage::decode`] reads it back.
+    pub fn encode(&self) -> String {
+        // Serialising cannot fail: every map has string keys and serde_json's numbers hold
+        // no NaN or infinity.
+        serde_json::to_string(self).expect("a daemon message always serialises")
+    }
+}
+
 /// The hash of an inventory section: SHA-256 (hex) over its canonical JSON form (object keys
 /// sorted, no insignificant whitespace), so equal content always hashes equal whatever order
 /// the daemon wrote it in.
@@ -213,6 +323,300 @@ mod tests {
                 serde_json::from_str::<DaemonMessage>(garbage).is_err(),
                 "{garbage}"
             );
+        }
+    }
+
+    #[test]
+    fn each_kind_of_bad_frame_has_its_own_error() {
+        let decode = |text: &str| DaemonMessage::decode(text.as_bytes());
+        assert_eq!(
+            decode(r#"{"type":"heartbeat","seq":7}"#),
+            Ok(DaemonMessage::Heartbeat { seq: 7 })
+        );
+        assert_eq!(
+            DaemonMessage::decode(&[b'"', 0xff, b'"']),
+            Err(FrameError::NotUtf8 { valid_up_to: 1 })
+        );
+        assert!(matches!(decode("{{{"), Err(FrameError::NotJson(_))));
+        assert!(matches!(decode(""), Err(FrameError::NotJson(_))));
+        for no_type in ["[]", "7", r#"{"seq":1}"#, r#"{"type":7}"#] {
+            assert_eq!(decode(no_type), Err(FrameError::NoType), "{no_type}");
+        }
+        assert_eq!(
+            decode(r#"{"type":"selfDestruct"}"#),
+            Err(FrameError::UnknownType("selfDestruct".into()))
+        );
+        let Err(FrameError::Malformed {
+            message_type,
+            detail,
+        }) = decode(r#"{"type":"heartbeat","seq":1,"evil":true}"#)
+        else {
+            panic!("an unknown field is a malformed heartbeat");
+        };
+        assert_eq!(message_type, "heartbeat");
+        assert!(detail.contains("evil"), "{detail}");
+        // Every listed type is one the decoder knows: with its fields missing it is malformed,
+        // not unknown.
+        for message_type in DaemonMessage::TYPES {
+            let frame = format!(r#"{{"type":"{message_type}"}}"#);
+            assert!(
+                matches!(decode(&frame), Err(FrameError::Malformed { .. })),
+                "{frame}"
+            );
+        }
+        let too_large = vec![b' '; MAX_FRAME_BYTES + 1];
+        assert_eq!(
+            DaemonMessage::decode(&too_large),
+            Err(FrameError::TooLarge {
+                bytes: MAX_FRAME_BYTES + 1
+            })
+        );
+        // Nesting deeper than serde_json's recursion limit is an error, not a stack overflow.
+        let deep = "[".repeat(100_000);
+        assert!(matches!(decode(&deep), Err(FrameError::NotJson(_))));
+        let deep_content = format!(
+            r#"{{"type":"inventory","section":"cpu","hash":"x","content":{}}}"#,
+            "[".repeat(100_000)
+        );
+        assert!(matches!(decode(&deep_content), Err(FrameError::NotJson(_))));
+    }
+
+    #[test]
+    fn errors_do_not_repeat_long_input() {
+        let long = "x".repeat(10_000);
+        for frame in [
+            format!(r#"{{"type":"{long}"}}"#),
+            format!(r#"{{"type":"heartbeat","seq":1,"{long}":1}}"#),
+            format!(r#"{{"type":"hello","daemonVersion":1,"observedGeneration":"{long}"}}"#),
+            format!(r#"{{"type":"converged","generation":{long}}}"#),
+        ] {
+            let err = DaemonMessage::decode(frame.as_bytes()).expect_err("refused");
+            assert!(err.to_string().len() <= MAX_ERROR_TEXT, "{err}");
+        }
+    }
+
+    /// The longest a [`FrameError`]'s text may be: its words and at most [`ECHO_BYTES`] of the
+    /// daemon's own text, once.
+    const MAX_ERROR_TEXT: usize = 2 * ECHO_BYTES + 160;
+
+    /// The property tests below run this many cases by default (each case is microseconds);
+    /// `PROPTEST_CASES` overrides it for a longer run (see the README's testing section).
+    const FUZZ_CASES: u32 = 5_000;
+
+    /// proptest's configuration for the fuzz tests: proptest's own defaults, which read
+    /// `PROPTEST_CASES` and the other `PROPTEST_*` variables, with [`FUZZ_CASES`] cases unless
+    /// `PROPTEST_CASES` says otherwise. (`ProptestConfig::with_cases` would ignore the
+    /// variable.) Failures are persisted under `core/proptest-regressions/`.
+    fn fuzz_config() -> proptest::test_runner::Config {
+        let config = proptest::test_runner::Config::default();
+        if std::env::var_os("PROPTEST_CASES").is_some() {
+            config
+        } else {
+            proptest::test_runner::Config {
+                cases: FUZZ_CASES,
+                ..config
+            }
+        }
+    }
+
+    mod fuzz {
+        use super::super::*;
+        use super::{MAX_ERROR_TEXT, fuzz_config};
+        use crate::command::Outcome;
+        use proptest::prelude::*;
+        use serde_json::Value;
+
+        /// Any JSON value, floats included: every finite `f64` must survive the wire exactly
+        /// (serde_json's `float_roundtrip`), or a section's hash would differ between the
+        /// daemon that computed it and the gateway that checks it.
+        fn json() -> impl Strategy<Value = Value> {
+            let leaf = prop_oneof![
+                Just(Value::Null),
+                any::<bool>().prop_map(Value::Bool),
+                any::<i64>().prop_map(Value::from),
+                any::<u64>().prop_map(Value::from),
+                any::<f64>()
+                    .prop_filter_map("finite", serde_json::Number::from_f64)
+                    .prop_map(Value::Number),
+                ".{0,12}".prop_map(Value::String),
+            ];
+            leaf.prop_recursive(4, 48, 6, |inner| {
+                prop_oneof![
+                    prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                    prop::collection::btree_map(".{0,8}", inner, 0..6)
+                        .prop_map(|m| Value::Object(m.into_iter().collect())),
+                ]
+            })
+        }
+
+        /// A command's structured result. `null` is "no result" on the wire (`None`), so
+        /// `Some(null)` is not a value a daemon can send.
+        fn result() -> impl Strategy<Value = Option<Value>> {
+            proptest::option::of(json().prop_filter("null is no result", |v| !v.is_null()))
+        }
+
+        fn message() -> impl Strategy<Value = DaemonMessage> {
+            prop_oneof![
+                (
+                    ".{0,16}",
+                    prop::collection::btree_map(".{0,8}", ".{0,64}", 0..8),
+                    any::<i64>()
+                )
+                    .prop_map(
+                        |(daemon_version, inventory_hashes, observed_generation)| {
+                            DaemonMessage::Hello {
+                                daemon_version,
+                                inventory_hashes,
+                                observed_generation,
+                            }
+                        }
+                    ),
+                any::<u64>().prop_map(|seq| DaemonMessage::Heartbeat { seq }),
+                ".{0,32}".prop_map(|id| DaemonMessage::CommandStarted { id }),
+                (
+                    ".{0,32}",
+                    prop::sample::select(vec![
+                        Outcome::Succeeded,
+                        Outcome::Failed,
+                        Outcome::Cancelled
+                    ]),
+                    any::<Option<i32>>(),
+                    ".{0,64}",
+                    result()
+                )
+                    .prop_map(|(id, outcome, exit_code, output, result)| {
+                        DaemonMessage::CommandResult {
+                            id,
+                            outcome,
+                            exit_code,
+                            output,
+                            result,
+                        }
+                    }),
+                any::<i64>().prop_map(|generation| DaemonMessage::Converged { generation }),
+                (".{0,12}", ".{0,64}", json()).prop_map(|(section, hash, content)| {
+                    DaemonMessage::Inventory {
+                        section,
+                        hash,
+                        content,
+                    }
+                }),
+            ]
+        }
+
+        /// One edit of a frame's bytes; positions wrap around the frame's length.
+        #[derive(Debug, Clone)]
+        enum Mutation {
+            Flip { at: usize, bits: u8 },
+            Set { at: usize, byte: u8 },
+            Delete { at: usize, len: usize },
+            Insert { at: usize, bytes: Vec<u8> },
+            Truncate { at: usize },
+            Duplicate { at: usize, len: usize },
+        }
+
+        fn mutation() -> impl Strategy<Value = Mutation> {
+            // Bytes JSON gives meaning to, so that edits often stay close to valid JSON.
+            let byte = prop_oneof![
+                any::<u8>(),
+                prop::sample::select(b"{}[]\",:0123456789-.eEtrufalsn \\".to_vec()),
+            ];
+            prop_oneof![
+                (any::<usize>(), 1u8..).prop_map(|(at, bits)| Mutation::Flip { at, bits }),
+                (any::<usize>(), byte.clone()).prop_map(|(at, byte)| Mutation::Set { at, byte }),
+                (any::<usize>(), 1usize..16).prop_map(|(at, len)| Mutation::Delete { at, len }),
+                (any::<usize>(), prop::collection::vec(byte, 1..8))
+                    .prop_map(|(at, bytes)| Mutation::Insert { at, bytes }),
+                any::<usize>().prop_map(|at| Mutation::Truncate { at }),
+                (any::<usize>(), 1usize..32).prop_map(|(at, len)| Mutation::Duplicate { at, len }),
+            ]
+        }
+
+        fn mutate(frame: &mut Vec<u8>, mutation: &Mutation) {
+            let position = |at: usize, len: usize| if len == 0 { 0 } else { at % len };
+            let len = frame.len();
+            match mutation {
+                Mutation::Flip { at, bits } if len > 0 => frame[position(*at, len)] ^= bits,
+                Mutation::Set { at, byte } if len > 0 => frame[position(*at, len)] = *byte,
+                Mutation::Delete { at, len: n } if len > 0 => {
+                    let start = position(*at, len);
+                    frame.drain(start..(start + n).min(len));
+                }
+                Mutation::Insert { at, bytes } => {
+                    let start = position(*at, len + 1);
+                    frame.splice(start..start, bytes.iter().copied());
+                }
+                Mutation::Truncate { at } => frame.truncate(position(*at, len + 1)),
+                Mutation::Duplicate { at, len: n } if len > 0 => {
+                    let start = position(*at, len);
+                    let copy = frame[start..(start + n).min(len)].to_vec();
+                    frame.splice(start..start, copy);
+                }
+                _ => {}
+            }
+        }
+
+        /// What every decode must give, whatever the bytes: a message that survives a second
+        /// trip over the wire, or a typed error whose text is short.
+        fn check_decode(frame: &[u8]) -> Result<(), TestCaseError> {
+            match DaemonMessage::decode(frame) {
+                Ok(message) => {
+                    let again = DaemonMessage::decode(message.encode().as_bytes());
+                    prop_assert_eq!(again, Ok(message));
+                }
+                Err(err) => {
+                    let text = err.to_string();
+                    prop_assert!(
+                        text.len() <= MAX_ERROR_TEXT,
+                        "{} bytes: {}",
+                        text.len(),
+                        text
+                    );
+                    prop_assert!(!err.reason().is_empty());
+                }
+            }
+            Ok(())
+        }
+
+        proptest! {
+            #![proptest_config(fuzz_config())]
+
+            /// Every message a daemon can send reads back as itself.
+            #[test]
+            fn fuzz_protocol_every_message_round_trips(message in message()) {
+                let frame = message.encode();
+                prop_assert_eq!(DaemonMessage::decode(frame.as_bytes()), Ok(message));
+            }
+
+            /// Bytes of any kind never panic the decoder and give a typed, short error.
+            #[test]
+            fn fuzz_protocol_arbitrary_bytes_are_refused_in_words(
+                frame in prop::collection::vec(any::<u8>(), 0..512)
+            ) {
+                check_decode(&frame)?;
+            }
+
+            /// Text of any kind (valid UTF-8, often JSON-like) likewise.
+            #[test]
+            fn fuzz_protocol_arbitrary_text_is_refused_in_words(
+                frame in r#"[{}\[\]":,0-9a-zA-Z \\.-]{0,128}"#
+            ) {
+                check_decode(frame.as_bytes())?;
+            }
+
+            /// Valid frames with a few bytes edited: the edits a broken daemon, a bad cable
+            /// or a fuzzer make. Still a message or a typed error, never a panic.
+            #[test]
+            fn fuzz_protocol_mutated_frames_never_panic(
+                message in message(),
+                mutations in prop::collection::vec(mutation(), 1..6),
+            ) {
+                let mut frame = message.encode().into_bytes();
+                for mutation in &mutations {
+                    mutate(&mut frame, mutation);
+                }
+                check_decode(&frame)?;
+            }
         }
     }
 }

@@ -36,22 +36,10 @@ impl ReasonKey {
         }
     }
 
-    /// What an operator does, or waits for, to clear this reason.
+    /// What an operator does, or waits for, to clear this reason: its
+    /// [`crate::clear::ClearRule`] in a sentence.
     pub fn cleared_by(&self) -> String {
-        match self {
-            ReasonKey::Taint(key) => format!("an operator removes the taint `{key}` (untaintNode)"),
-            ReasonKey::Draining => "uncordonNode, or the drain finishing: the node's allocations \
-                                    released or the drain deadline passing"
-                .to_owned(),
-            ReasonKey::Unreachable => {
-                "the node's daemon reconnecting to a gateway and sending heartbeats".to_owned()
-            }
-            ReasonKey::Condition(kind) => {
-                format!(
-                    "the evidence behind the `{kind}` condition clearing (a fresh inventory or health report)"
-                )
-            }
-        }
+        crate::clear::ClearRule::for_reason(self).describe()
     }
 }
 
@@ -88,6 +76,7 @@ impl TryFrom<String> for ReasonKey {
 
 /// One entry of `noScheduleReasons`, with its provenance.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct NoScheduleReason {
     pub key: ReasonKey,
     pub set_by: Actor,

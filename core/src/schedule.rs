@@ -181,8 +181,14 @@ impl<'a> SchedulingFacts<'a> {
                 self.connectivity
             ),
             Check::NoReasons => {
-                let keys: Vec<String> = self.no_schedule_reasons.iter().map(|r| r.key.to_string()).collect();
-                format!("noScheduleReasons: {}", keys.join(", "))
+                // Each reason with what clears it (its clear rule), so the explanation says
+                // what to do or wait for.
+                let keys: Vec<String> = self
+                    .no_schedule_reasons
+                    .iter()
+                    .map(|r| format!("{} ({})", r.key, crate::clear::ClearRule::for_reason(&r.key).describe()))
+                    .collect();
+                format!("noScheduleReasons: {}", keys.join("; "))
             }
         }
     }

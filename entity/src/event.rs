@@ -30,6 +30,9 @@ pub struct Model {
     #[sea_orm(column_type = "JsonBinary")]
     pub data: Json,
     pub created_at: DateTimeUtc,
+    /// The node's version after the change, for node changes (`node.*` events); `NULL` for
+    /// every other event. Indexed with `node_id`: a rebuild reads a range of versions.
+    pub node_version: Option<i64>,
 }
 
 impl ActiveModelBehavior for ActiveModel {}

@@ -23,6 +23,10 @@ pub struct Model {
     pub set_by: String,
     pub last_transition_at: DateTimeUtc,
     pub updated_at: DateTimeUtc,
+    /// The progress of the condition's proof (`bc_core::clear::Proof` as JSON), for a
+    /// condition that clears only on proof or by hand.
+    #[sea_orm(column_type = "JsonBinary", nullable)]
+    pub proof: Option<Json>,
 
     #[sea_orm(belongs_to, from = "node_id", to = "id", on_delete = "Cascade")]
     pub node: BelongsTo<super::node::Entity>,

@@ -26,6 +26,14 @@ pub struct Model {
     pub hardware_profile: Json,
     #[sea_orm(column_type = "JsonBinary")]
     pub drivers: Json,
+    /// The remediation policy (`bc_core::remediation::RemediationPolicy` as JSON); `NULL`
+    /// for the defaults.
+    #[sea_orm(column_type = "JsonBinary", nullable)]
+    pub remediation: Option<Json>,
+    /// The acceptance checks (`bc_core::acceptance::AcceptancePolicy` as JSON); `NULL` for
+    /// the defaults.
+    #[sea_orm(column_type = "JsonBinary", nullable)]
+    pub acceptance: Option<Json>,
     pub created_at: DateTimeUtc,
 
     #[sea_orm(belongs_to, from = "site_id", to = "id", on_delete = "Restrict")]

@@ -18,6 +18,15 @@ mod m20261202_000001_initial;
 mod m20261202_000002_join_and_inventory;
 mod m20261202_000003_commands;
 mod m20261202_000004_devices;
+mod m20261203_000001_enrolled_identifiers;
+mod m20261203_000005_placement;
+mod m20261203_000006_event_history;
+mod m20261203_000007_remediation;
+mod m20261203_000008_bare_metal;
+mod m20261203_000009_free_atoms;
+mod m20261203_000010_workflows;
+mod m20261203_000011_pool_acceptance;
+mod m20261203_000012_controller_leases;
 
 /// Runs every migration in order; see [`MigratorTrait`] for `up`/`down`/`status`.
 pub struct Migrator;
@@ -30,6 +39,15 @@ impl MigratorTrait for Migrator {
             Box::new(m20261202_000002_join_and_inventory::Migration),
             Box::new(m20261202_000003_commands::Migration),
             Box::new(m20261202_000004_devices::Migration),
+            Box::new(m20261203_000001_enrolled_identifiers::Migration),
+            Box::new(m20261203_000005_placement::Migration),
+            Box::new(m20261203_000006_event_history::Migration),
+            Box::new(m20261203_000007_remediation::Migration),
+            Box::new(m20261203_000008_bare_metal::Migration),
+            Box::new(m20261203_000009_free_atoms::Migration),
+            Box::new(m20261203_000010_workflows::Migration),
+            Box::new(m20261203_000011_pool_acceptance::Migration),
+            Box::new(m20261203_000012_controller_leases::Migration),
         ]
     }
 }

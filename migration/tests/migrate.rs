@@ -21,7 +21,7 @@ use sea_orm::{
 };
 use serde_json::json;
 
-const TABLES: [&str; 10] = [
+const TABLES: [&str; 18] = [
     "tenants",
     "sites",
     "pools",
@@ -32,6 +32,14 @@ const TABLES: [&str; 10] = [
     "node_no_schedule_reasons",
     "node_sessions",
     "events",
+    "reservations",
+    "allocations",
+    "atom_bookings",
+    "pool_offers",
+    "remediation_attempts",
+    "node_bmcs",
+    "bare_metal_workflows",
+    "controller_leases",
 ];
 
 /// A name no other run uses: pid and wall-clock nanos.
@@ -151,6 +159,8 @@ async fn exercise_entities(db: &DatabaseConnection) {
         owner_tenant_id: None,
         hardware_profile: json!({"gpu": "H100", "count": 8, "nested": {"a": [1, 2]}}),
         drivers: json!(["nvidia"]),
+        remediation: None,
+        acceptance: Some(json!({"checks": [{"kind": "gpu-diagnostic", "level": 3}]})),
         created_at: ts(3),
     };
     let got = pool
@@ -256,6 +266,7 @@ async fn exercise_entities(db: &DatabaseConnection) {
         set_by: "bcd".to_owned(),
         last_transition_at: ts(21),
         updated_at: ts(22),
+        proof: Some(json!({"since": "2026-12-03T12:00:00Z", "satisfied": []})),
     };
     let got = condition
         .clone()
@@ -363,6 +374,7 @@ async fn exercise_entities(db: &DatabaseConnection) {
         cause: Set(None),
         data: Set(json!({"generation": 3})),
         created_at: Set(ts(30)),
+        node_version: Set(Some(3)),
     }
     .insert(db)
     .await
@@ -382,6 +394,7 @@ async fn exercise_entities(db: &DatabaseConnection) {
         cause: Set(Some("api".to_owned())),
         data: Set(json!({})),
         created_at: Set(ts(31)),
+        node_version: Set(None),
     }
     .insert(db)
     .await

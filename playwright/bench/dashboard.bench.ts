@@ -65,8 +65,8 @@ async function changeStream(ids: string[], stop: Promise<void>): Promise<number>
     const id = ids[Math.floor(Math.random() * ids.length)];
     const node = (await gql(`query($id: ID!) { node(id: $id) { version cordoned } }`, { id })).node;
     const op = node.cordoned
-      ? `mutation($id: ID!, $v: Int!) { uncordonNode(input: {id: $id, version: $v}) { version } }`
-      : `mutation($id: ID!, $v: Int!) { cordonNode(input: {id: $id, version: $v, reason: "bench"}) { version } }`;
+      ? `mutation($id: ID!, $v: Int!) { uncordonNode(input: {id: $id, version: $v}) { node { version } } }`
+      : `mutation($id: ID!, $v: Int!) { cordonNode(input: {id: $id, version: $v, reason: "bench"}) { node { version } } }`;
     await fleet.graphql(op, { id, v: node.version });
     sent++;
     await new Promise((r) => setTimeout(r, Math.max(0, 1000 / CHANGES_PER_S - (Date.now() - started))));
@@ -76,10 +76,10 @@ async function changeStream(ids: string[], stop: Promise<void>): Promise<number>
 
 test(`the dashboard with ${NODES} nodes`, async ({ page }) => {
   const rows: [string, string][] = [];
-  const site = (await gql(`mutation { createSite(input: {name: "bench", kind: PLATFORM}) { id } }`)).createSite.id;
+  const site = (await gql(`mutation { createSite(input: {name: "bench", kind: PLATFORM}) { site { id } } }`)).createSite.site.id;
   const pool = (
-    await gql(`mutation($s: ID!) { createPool(input: {siteId: $s, name: "bench-h100", kind: METAL_HOST, expectedGpuCount: 8}) { id } }`, { s: site })
-  ).createPool.id;
+    await gql(`mutation($s: ID!) { createPool(input: {siteId: $s, name: "bench-h100", kind: METAL_HOST, expectedGpuCount: 8}) { pool { id } } }`, { s: site })
+  ).createPool.pool.id;
   const enrollStart = Date.now();
   const ids: string[] = [];
   let next = 0;
@@ -88,12 +88,12 @@ test(`the dashboard with ${NODES} nodes`, async ({ page }) => {
       while (next < NODES) {
         const i = next++;
         const hostname = `bench-${String(i).padStart(5, '0')}`;
-        const data = await gql(`mutation($s: ID!, $p: ID!, $h: String!) { enrollNode(input: {siteId: $s, poolId: $p, hostname: $h}) { id } }`, {
+        const data = await gql(`mutation($s: ID!, $p: ID!, $h: String!) { enrollNode(input: {siteId: $s, poolId: $p, hostname: $h}) { node { id } } }`, {
           s: site,
           p: pool,
           h: hostname,
         });
-        ids.push(data.enrollNode.id);
+        ids.push(data.enrollNode.node.id);
         if (ids.length % 1000 === 0) console.log(`enrolled ${ids.length} in ${((Date.now() - enrollStart) / 1000).toFixed(1)} s`);
       }
     }),
@@ -143,8 +143,8 @@ test(`the dashboard with ${NODES} nodes`, async ({ page }) => {
     const node = (await gql(`query($id: ID!) { node(id: $id) { version cordoned } }`, { id })).node;
     const want = node.cordoned ? 'no' : 'yes';
     const op = node.cordoned
-      ? `mutation($id: ID!, $v: Int!) { uncordonNode(input: {id: $id, version: $v}) { version } }`
-      : `mutation($id: ID!, $v: Int!) { cordonNode(input: {id: $id, version: $v, reason: "latency"}) { version } }`;
+      ? `mutation($id: ID!, $v: Int!) { uncordonNode(input: {id: $id, version: $v}) { node { version } } }`
+      : `mutation($id: ID!, $v: Int!) { cordonNode(input: {id: $id, version: $v, reason: "latency"}) { node { version } } }`;
     const t0 = Date.now();
     await gql(op, { id, v: node.version });
     await expect(page.locator(`[data-testid="fleet-row"][data-node="${id}"] td[data-col="cordoned"]`)).toHaveText(want);

@@ -1,7 +1,7 @@
 // Commands from the node page: a diagnostic whose result appears live, a destructive command
 // that needs a confirmation (and a cordon), cancelling a queued command, and revoking a
 // node's identity.
-import { test, expect } from '@playwright/test';
+import { test, expect } from './fixtures';
 import { startFleet, screenshotPath, type Fleet } from '../fleet';
 import { mutate, nodes, signIn, waitForNodes } from './helpers';
 
@@ -62,7 +62,7 @@ test('a queued command is cancelled, and revoking the identity ends the session'
   const target = (await nodes(fleet))[2];
   const later = new Date(Date.now() + 3_600_000).toISOString();
   await mutate(fleet, `mutation($id: ID!, $at: DateTime!) {
-    sendCommand(input: {nodeIds: [$id], kind: LOGS_COLLECT, notBefore: $at}) { id } }`, { id: target.id, at: later });
+    sendCommand(input: {nodeIds: [$id], kind: LOGS_COLLECT, notBefore: $at}) { commands { id } } }`, { id: target.id, at: later });
   await signIn(page, fleet);
   await page.goto(`${fleet.url}/nodes/${target.id}`);
   const queued = page.locator('[data-testid="command-row"][data-kind="logs.collect"]');

@@ -1,7 +1,7 @@
 // GraphiQL at /graphql: it signs in from a `#token=` link as the dashboard does, loads
 // nothing from outside the server, introspects the schema with graphql-js's standard query
 // (deeper than the API's own depth limit) and shows the schema's documentation.
-import { test, expect } from '@playwright/test';
+import { test, expect } from './fixtures';
 import { startFleet, screenshotPath, type Fleet } from '../fleet';
 
 let fleet: Fleet;
@@ -43,9 +43,12 @@ test('GraphiQL signs in and shows the documentation of NodeDetail', async ({ pag
   expect(elsewhere).toEqual([]);
 });
 
-test('GraphiQL without a token says where one goes', async ({ browser }) => {
+test('GraphiQL without a token says where one goes', async ({ browser, pageErrors }) => {
   // A fresh context: no token in local storage from the test above.
   const context = await browser.newContext();
+  pageErrors.watch(context);
+  // The refusal this test is about: the browser logs the 401 of GraphiQL's first request.
+  pageErrors.allow(/status of 401/);
   const page = await context.newPage();
   const refused = page.waitForResponse(
     (response) => response.url() === `${fleet.url}/graphql` && response.request().method() === 'POST',

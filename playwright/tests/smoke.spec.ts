@@ -1,5 +1,5 @@
 // The dashboard opens from the sign-in link `dev` prints, on a fleet of three nodes.
-import { test, expect } from '@playwright/test';
+import { test, expect } from './fixtures';
 import { startFleet, screenshotPath, type Fleet } from '../fleet';
 
 let fleet: Fleet;

@@ -29,6 +29,8 @@ pub struct RunningServer {
     /// Stops the live event feed.
     feed_stop: tokio::sync::watch::Sender<bool>,
     feed: Arc<crate::feed::Feed>,
+    /// Places pending reservations when capacity may have grown; ends with the feed.
+    placement: JoinHandle<()>,
     shutdown: Option<oneshot::Sender<()>>,
     task: JoinHandle<std::io::Result<()>>,
 }
@@ -73,6 +75,9 @@ impl RunningServer {
         }
         (&mut self.task).await??;
         self.feed.stopped().await;
+        if let Err(err) = (&mut self.placement).await {
+            tracing::warn!(error = %err, "the placement loop ended abnormally");
+        }
         self.services.close().await;
         Ok(())
     }
@@ -89,6 +94,7 @@ pub async fn start(config: &Config, clock: Arc<dyn Clock>) -> anyhow::Result<Run
     config.liveness.validate()?;
     config.auth.validate()?;
     config.api.validate()?;
+    config.bare_metal.validate()?;
     config
         .gateway
         .validate(config.liveness.heartbeat_interval_secs)?;
@@ -107,8 +113,14 @@ pub async fn start(config: &Config, clock: Arc<dyn Clock>) -> anyhow::Result<Run
         &config.ca_dir(),
         clock.now(),
     )?);
-    let services =
-        Services::connect(&config.database_url(), &config.database, clock.clone(), ca).await?;
+    let credential_key =
+        crate::credentials::CredentialKey::load_or_create(&config.credential_key_file())?;
+    let services = Services::connect(&config.database_url(), &config.database, clock.clone(), ca)
+        .await?
+        .with_bare_metal(crate::service::bare_metal::BareMetal::new(
+            credential_key,
+            config.bare_metal.clone(),
+        ));
     let keys = Arc::new(
         TokenKeys::new(&config.jwt_secret()?, &config.auth.audience)?
             .with_leeway(config.auth.leeway_secs),
@@ -116,6 +128,7 @@ pub async fn start(config: &Config, clock: Arc<dyn Clock>) -> anyhow::Result<Run
     let (feed_stop, feed_stopped) = tokio::sync::watch::channel(false);
     let feed = crate::feed::Feed::start(services.clone(), feed_stopped.clone()).await?;
     let gateway_feed = feed.clone();
+    let placement = crate::controllers::placement::spawn_retry_loop(services.clone(), feed.clone());
     let schema = build_schema(Some((services.clone(), feed.clone())), &config.graphql);
     crate::telemetry::metrics_handle();
 
@@ -184,6 +197,7 @@ pub async fn start(config: &Config, clock: Arc<dyn Clock>) -> anyhow::Result<Run
         gateway: Some(gateway),
         feed_stop,
         feed,
+        placement,
         shutdown: Some(tx),
         task,
     })

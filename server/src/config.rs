@@ -27,6 +27,7 @@ pub struct Config {
     pub liveness: LivenessConfig,
     pub gateway: GatewayConfig,
     pub api: ApiConfig,
+    pub bare_metal: BareMetalConfig,
 }
 
 /// Where `scripts/build-web` writes the dashboard, relative to the repository root: the
@@ -110,8 +111,9 @@ pub struct GraphqlConfig {
     /// Largest introspection answer a query may ask for: an upper bound on its values, each
     /// list counting as the longest such list in the schema (every type, the widest type's
     /// fields, …). Depth alone does not bound it, since `types { fields { type { fields … } } }`
-    /// multiplies at every level. graphql-js's introspection query measures 456,344 here,
-    /// under a quarter of the default; its real answer is far smaller.
+    /// multiplies at every level. graphql-js's introspection query measures 1,202,466 here
+    /// (165 types, 61 values in the widest enum), well under half the default; its real answer
+    /// is far smaller.
     pub introspection_max_cost: usize,
     /// GraphQL operations over HTTP that run at once; more wait for a turn. Each runs on a
     /// thread of its own (see `http::GraphqlExecutor`), so this bounds those threads and the
@@ -268,6 +270,7 @@ impl Default for Config {
             gateway: GatewayConfig::default(),
             liveness: LivenessConfig::default(),
             api: ApiConfig::default(),
+            bare_metal: BareMetalConfig::default(),
         }
     }
 }
@@ -318,7 +321,7 @@ impl Default for GraphqlConfig {
             max_fragment_spreads: 100,
             max_fields: 2_000,
             introspection_max_depth: 20,
-            introspection_max_cost: 2_000_000,
+            introspection_max_cost: 3_000_000,
             max_concurrent_requests: 32,
         }
     }
@@ -635,6 +638,114 @@ impl GatewayConfig {
     }
 }
 
+/// `[bare_metal]`: machines reached through their BMC (Redfish): where the key that seals
+/// their credentials lives, and how the Power controller polls them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BareMetalConfig {
+    /// The 32-byte key that seals BMC credentials at rest. Unset: `data_dir/bmc-credentials.key`,
+    /// created (owner-only) on first start. Replicas must share it; losing it loses every
+    /// stored BMC password (re-enrol the machines).
+    pub credential_key_file: Option<PathBuf>,
+    /// Accept `http://` BMC addresses. Only for tests and labs: plain HTTP sends the BMC's
+    /// password in the clear.
+    pub allow_insecure_http: bool,
+    /// How often the Power controller reads each BMC's power state.
+    pub poll_interval_secs: u64,
+    /// Each poll is moved by up to this many seconds either way, so BMCs enrolled together
+    /// (or a restarted server) do not poll in lockstep.
+    pub poll_jitter_secs: u64,
+    /// BMCs polled at once, fleet-wide.
+    pub poll_concurrency: usize,
+    /// BMCs of one site polled at once: a site's management network is often small.
+    pub poll_concurrency_per_site: usize,
+    /// Most BMCs polled in one pass; the rest wait for the next tick.
+    pub poll_batch: u64,
+    /// One HTTP request to a BMC (connect included) must finish within this.
+    pub request_timeout_secs: u64,
+    /// Consecutive failed polls before `BmcUnreachable` is set (one lost packet is no outage).
+    pub unreachable_after_failures: u32,
+}
+
+/// A minute: power changes by an operator are followed by an immediate poll, so the
+/// interval only bounds how late a change made behind our back (a button, another tool) shows.
+pub const DEFAULT_POWER_POLL_INTERVAL_SECS: u64 = 60;
+/// A tenth of the interval, either way.
+pub const DEFAULT_POWER_POLL_JITTER_SECS: u64 = 6;
+/// BMCs answer in tens of milliseconds to seconds; 32 at once keeps 10,000 BMCs polled
+/// within a minute at 200 ms each.
+pub const DEFAULT_POWER_POLL_CONCURRENCY: usize = 32;
+/// BMC management networks and their switches are slow; 8 per site is gentle.
+pub const DEFAULT_POWER_POLL_CONCURRENCY_PER_SITE: usize = 8;
+/// A pass's work list; at 32 at once and 200 ms each, 2,000 BMCs take about 13 s.
+pub const DEFAULT_POWER_POLL_BATCH: u64 = 2_000;
+/// BMCs are slow (a busy one takes seconds), never ten.
+pub const DEFAULT_BMC_REQUEST_TIMEOUT_SECS: u64 = 10;
+/// Two polls in a row: a single dropped request is not an outage.
+pub const DEFAULT_BMC_UNREACHABLE_AFTER_FAILURES: u32 = 2;
+
+impl Default for BareMetalConfig {
+    fn default() -> Self {
+        BareMetalConfig {
+            credential_key_file: None,
+            allow_insecure_http: false,
+            poll_interval_secs: DEFAULT_POWER_POLL_INTERVAL_SECS,
+            poll_jitter_secs: DEFAULT_POWER_POLL_JITTER_SECS,
+            poll_concurrency: DEFAULT_POWER_POLL_CONCURRENCY,
+            poll_concurrency_per_site: DEFAULT_POWER_POLL_CONCURRENCY_PER_SITE,
+            poll_batch: DEFAULT_POWER_POLL_BATCH,
+            request_timeout_secs: DEFAULT_BMC_REQUEST_TIMEOUT_SECS,
+            unreachable_after_failures: DEFAULT_BMC_UNREACHABLE_AFTER_FAILURES,
+        }
+    }
+}
+
+impl BareMetalConfig {
+    pub fn poll_interval(&self) -> chrono::Duration {
+        secs(self.poll_interval_secs)
+    }
+
+    pub fn request_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.request_timeout_secs)
+    }
+
+    /// Refuses settings that would stop polling or poll in a busy loop.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            (1..=MAX_DURATION_SECS).contains(&self.poll_interval_secs),
+            "bare_metal.poll_interval_secs must be between 1 and {MAX_DURATION_SECS}"
+        );
+        anyhow::ensure!(
+            self.poll_jitter_secs < self.poll_interval_secs,
+            "bare_metal.poll_jitter_secs must be less than bare_metal.poll_interval_secs"
+        );
+        anyhow::ensure!(
+            (1..=3600).contains(&self.request_timeout_secs),
+            "bare_metal.request_timeout_secs must be between 1 and 3600"
+        );
+        anyhow::ensure!(
+            self.poll_concurrency > 0 && self.poll_concurrency_per_site > 0 && self.poll_batch > 0,
+            "bare_metal.poll_concurrency, poll_concurrency_per_site and poll_batch must be at least 1"
+        );
+        anyhow::ensure!(
+            self.unreachable_after_failures > 0,
+            "bare_metal.unreachable_after_failures must be at least 1"
+        );
+        Ok(())
+    }
+}
+
+impl Config {
+    /// Where the BMC credential key lives: `bare_metal.credential_key_file`, or
+    /// `data_dir/bmc-credentials.key`.
+    pub fn credential_key_file(&self) -> PathBuf {
+        self.bare_metal
+            .credential_key_file
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join("bmc-credentials.key"))
+    }
+}
+
 /// The connection caps of both listeners, as they apply to this process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnectionCaps {
@@ -829,6 +940,47 @@ mod tests {
             ..AuthConfig::default()
         };
         assert!(auth.validate().is_err());
+    }
+
+    #[test]
+    fn bare_metal_settings_load_and_are_checked() {
+        assert!(BareMetalConfig::default().validate().is_ok());
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("bc.toml", "[bare_metal]\npoll_interval_secs = 30\n")?;
+            jail.set_env("BC_BARE_METAL__ALLOW_INSECURE_HTTP", "true");
+            let config = Config::load(Some(Path::new("bc.toml"))).map_err(|e| e.to_string())?;
+            assert_eq!(
+                config.bare_metal.poll_interval(),
+                chrono::Duration::seconds(30)
+            );
+            assert!(config.bare_metal.allow_insecure_http);
+            assert_eq!(
+                config.credential_key_file(),
+                config.data_dir.join("bmc-credentials.key")
+            );
+            Ok(())
+        });
+        let bad = [
+            BareMetalConfig {
+                poll_interval_secs: 0,
+                ..BareMetalConfig::default()
+            },
+            BareMetalConfig {
+                poll_jitter_secs: DEFAULT_POWER_POLL_INTERVAL_SECS,
+                ..BareMetalConfig::default()
+            },
+            BareMetalConfig {
+                poll_concurrency: 0,
+                ..BareMetalConfig::default()
+            },
+            BareMetalConfig {
+                unreachable_after_failures: 0,
+                ..BareMetalConfig::default()
+            },
+        ];
+        for config in bad {
+            assert!(config.validate().is_err(), "{config:?}");
+        }
     }
 
     #[test]

@@ -30,9 +30,28 @@ pub enum ApiError {
         field: String,
         message: String,
     },
+    /// A node's BMC failed a request (`BMC_ERROR`); `kind` (`extensions.bmcError`) says how:
+    /// `Unreachable`, `Timeout`, `Unauthorized`, `UnexpectedAnswer` or `Unsupported`.
+    Bmc {
+        kind: &'static str,
+        message: String,
+    },
+    /// A label that a controller owns (`RESERVED_LABEL`): `extensions.label` is the key and
+    /// `extensions.owner` the owner (`inventory` for `inventory.bettercompute.io/…`).
+    ReservedLabel {
+        key: String,
+        owner: &'static str,
+        message: String,
+    },
     /// A subscriber fell too far behind the live feed; it resumes from `cursor`.
     ResumeRequired {
         cursor: String,
+    },
+    /// A node cannot be rebuilt at a past version: that part of its history was written
+    /// before events carried rebuild data (`nodeAsOf`). Never a guess at the node.
+    HistoryNotRecorded {
+        message: String,
+        version: i64,
     },
     /// Never shown to the caller: the source is logged and the message is generic.
     Internal(anyhow::Error),
@@ -49,6 +68,9 @@ impl ApiError {
             ApiError::Forbidden(_) => "FORBIDDEN",
             ApiError::BadUserInput(_) | ApiError::InvalidField { .. } => "BAD_USER_INPUT",
             ApiError::ResumeRequired { .. } => "RESUME_REQUIRED",
+            ApiError::HistoryNotRecorded { .. } => "HISTORY_NOT_RECORDED",
+            ApiError::Bmc { .. } => "BMC_ERROR",
+            ApiError::ReservedLabel { .. } => "RESERVED_LABEL",
             ApiError::Internal(_) => "INTERNAL",
         }
     }
@@ -59,14 +81,18 @@ impl ApiError {
             ApiError::InvalidState { message, .. } => message.clone(),
             ApiError::Conflict { expected, current } => {
                 format!(
-                    "the node changed since version {expected}; its current version is {current}"
+                    "it changed since version {expected} (read it again); its current version is {current}"
                 )
             }
             ApiError::NotFound(m)
             | ApiError::Unauthenticated(m)
             | ApiError::Forbidden(m)
             | ApiError::BadUserInput(m)
-            | ApiError::InvalidField { message: m, .. } => m.clone(),
+            | ApiError::InvalidField { message: m, .. }
+            | ApiError::HistoryNotRecorded { message: m, .. } => m.clone(),
+            ApiError::Bmc { message: m, .. } | ApiError::ReservedLabel { message: m, .. } => {
+                m.clone()
+            }
             ApiError::ResumeRequired { cursor } => {
                 format!(
                     "the subscription fell too far behind; resubscribe with after: \"{cursor}\""
@@ -122,10 +148,23 @@ impl From<DomainError> for ApiError {
                 attempted,
                 finished,
             } => invalid_command_status(&id, &current, &attempted, finished),
+            DomainError::ReservationState {
+                current, attempted, ..
+            } => ApiError::InvalidState {
+                message,
+                current: api_enum(&current),
+                attempted: format!("{attempted}Reservation"),
+                allowed: Vec::new(),
+            },
             DomainError::Conflict { expected, current } => ApiError::Conflict { expected, current },
             DomainError::NotFound { .. } => ApiError::NotFound(message),
             DomainError::BadInput(_) => ApiError::BadUserInput(message),
             DomainError::Forbidden(_) => ApiError::Forbidden(message),
+            DomainError::ReservedLabel { key, owner } => ApiError::ReservedLabel {
+                key,
+                owner,
+                message,
+            },
         }
     }
 }
@@ -143,6 +182,18 @@ fn api_move(domain: &str) -> Option<String> {
         .parse::<bc_core::provision::ProvisionMove>()
         .ok()
         .map(|m| api_enum(m.as_ref()))
+}
+
+/// `UnexpectedAnswer` as the API spells enum values: `UNEXPECTED_ANSWER`.
+fn api_enum_pascal(pascal: &str) -> String {
+    let mut out = String::with_capacity(pascal.len() + 4);
+    for (i, c) in pascal.chars().enumerate() {
+        if c.is_ascii_uppercase() && i > 0 {
+            out.push('_');
+        }
+        out.push(c.to_ascii_uppercase());
+    }
+    out
 }
 
 /// Joins `items` as prose: `A`, `A or B`, `A, B or C`.
@@ -262,6 +313,12 @@ impl From<ApiError> for async_graphql::Error {
                 ApiError::Conflict { current, .. } => ext.set("currentVersion", *current),
                 ApiError::InvalidField { field, .. } => ext.set("field", field.as_str()),
                 ApiError::ResumeRequired { cursor } => ext.set("cursor", cursor.as_str()),
+                ApiError::HistoryNotRecorded { version, .. } => ext.set("version", *version),
+                ApiError::Bmc { kind, .. } => ext.set("bmcError", api_enum_pascal(kind)),
+                ApiError::ReservedLabel { key, owner, .. } => {
+                    ext.set("label", key.as_str());
+                    ext.set("owner", *owner);
+                }
                 ApiError::InvalidState {
                     current,
                     attempted,
@@ -326,10 +383,25 @@ mod tests {
                 "BAD_USER_INPUT",
             ),
             (
+                ApiError::HistoryNotRecorded {
+                    message: String::new(),
+                    version: 1,
+                },
+                "HISTORY_NOT_RECORDED",
+            ),
+            (
                 ApiError::ResumeRequired {
                     cursor: "evt_1".into(),
                 },
                 "RESUME_REQUIRED",
+            ),
+            (
+                ApiError::ReservedLabel {
+                    key: "inventory.bettercompute.io/gpu-model".into(),
+                    owner: "inventory",
+                    message: String::new(),
+                },
+                "RESERVED_LABEL",
             ),
             (
                 ApiError::internal(anyhow::anyhow!("secret detail")),

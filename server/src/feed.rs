@@ -2,7 +2,8 @@
 //!
 //! One tailer per process reads events committed after its head (woken by this process's
 //! commits, by PostgreSQL `NOTIFY` from other replicas, and by a slow poll as a safety net),
-//! attaches each event's node as it is now, and broadcasts them. A subscriber first replays
+//! attaches to each event its node as it was right after that event (rebuilt from the log
+//! when it has changed since, see `service::history`), and broadcasts them. A subscriber first replays
 //! from its cursor out of the table, then follows the broadcast; it subscribes to the
 //! broadcast before replaying and skips what it already delivered, so there is no gap and no
 //! duplicate between the two. The broadcast is bounded: a subscriber that falls more than
@@ -10,16 +11,15 @@
 //! from the table.
 
 use bc_core::event::RecordedEvent;
-use bc_core::ids::NodeId;
 use bc_core::view::NodeDetail;
 use futures::Stream;
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{broadcast, watch};
 
 use crate::error::ApiError;
 use crate::service::Services;
+use crate::service::history::NodeAtEvent;
 
 /// Events the broadcast holds for slow subscribers before they must resume from the table.
 pub const FEED_BUFFER: usize = 4096;
@@ -29,11 +29,15 @@ const READ_BATCH: u64 = 1000;
 /// notification (a dropped LISTEN connection) delays events by at most this much.
 const POLL_FALLBACK: Duration = Duration::from_secs(1);
 
-/// One event with its node as it is now (absent for events not about a node).
+/// One event with its node as it was right after the event (absent for events not about a
+/// node). A replayed event carries the node of its time, never today's.
 #[derive(Debug, Clone)]
 pub struct FeedEvent {
     pub event: RecordedEvent,
     pub node: Option<Arc<NodeDetail>>,
+    /// The version of the node that could not be rebuilt for this event (history written
+    /// before events carried rebuild data); `node` is then `None`.
+    pub node_not_recorded: Option<i64>,
 }
 
 pub struct Feed {
@@ -147,25 +151,32 @@ impl Feed {
     }
 }
 
-/// Attaches each event's node (current state, deleted ones included), loaded in one batch.
+/// Attaches to each event its node as it was right after the event (deleted ones included):
+/// the current row where the node has not changed since, else rebuilt from the log.
 async fn enrich(
     services: &Services,
     batch: Vec<RecordedEvent>,
 ) -> Result<Vec<FeedEvent>, ApiError> {
-    let mut ids: Vec<NodeId> = batch.iter().filter_map(|e| e.node_id.clone()).collect();
-    ids.sort();
-    ids.dedup();
-    let nodes: HashMap<NodeId, Arc<NodeDetail>> = services
-        .node_details_by_ids(&ids)
-        .await?
-        .into_iter()
-        .map(|n| (n.record.id.clone(), Arc::new(n)))
-        .collect();
+    let nodes = services.nodes_at_events(&batch).await?;
     Ok(batch
         .into_iter()
-        .map(|event| {
-            let node = event.node_id.as_ref().and_then(|id| nodes.get(id)).cloned();
-            FeedEvent { event, node }
+        .zip(nodes)
+        .map(|(event, node)| match node {
+            Some(NodeAtEvent::Node(node)) => FeedEvent {
+                event,
+                node: Some(node),
+                node_not_recorded: None,
+            },
+            Some(NodeAtEvent::NotRecorded { version }) => FeedEvent {
+                event,
+                node: None,
+                node_not_recorded: Some(version),
+            },
+            None => FeedEvent {
+                event,
+                node: None,
+                node_not_recorded: None,
+            },
         })
         .collect())
 }

@@ -2,8 +2,10 @@
 
 pub mod app;
 pub mod auth;
+pub mod bmc;
 pub mod config;
 pub mod controllers;
+pub mod credentials;
 pub mod error;
 pub mod feed;
 pub mod gateway;

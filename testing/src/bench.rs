@@ -1,4 +1,5 @@
-//! The support code of the benchmarks (`fleet-bench` and `subscription-bench`): the
+//! The support code of the benchmarks (`fleet-bench`, `placement-bench` and
+//! `subscription-bench`): the
 //! `better-compute` binary as a child process on loopback ports ([`Server`]), the database it
 //! runs on ([`BenchDatabase`]), its GraphQL API and `/metrics` ([`Api`]), a process's CPU and
 //! memory from `/proc`, nearest-rank quantiles, and the table the results are printed in.
@@ -6,8 +7,9 @@
 //! Everything here talks to 127.0.0.1 only, every wait is bounded, and the child is stopped
 //! (or killed on drop) when the benchmark ends.
 
-use crate::daemon::DaemonKnobs;
+use crate::daemon::{CaTrust, DaemonKnobs};
 use crate::server::{Backend, TestDatabase};
+use crate::sim::{Fleet, SimOptions};
 use anyhow::{Context, bail, ensure};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -50,6 +52,10 @@ pub const TOKEN_HOURS: i64 = 4;
 /// How often a benchmark logs its progress while it waits: often enough to show it is
 /// alive, rarely enough to keep the log readable.
 pub const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+/// How often fleet progress is polled while the fleet comes up.
+const FLEET_POLL_INTERVAL: Duration = Duration::from_millis(100);
+/// How long the join token a benchmark mints lives: longer than a fleet takes to come up.
+const JOIN_TOKEN_TTL: Duration = Duration::from_secs(2 * 3600);
 
 /// Logs to standard error (`warn`, and `info` for the benchmark named by `own_target`, the
 /// binary's `module_path!()`, and for this module) unless `RUST_LOG` says otherwise, and
@@ -83,6 +89,43 @@ pub struct ServerArgs {
     /// Keep the temporary directory (database, server.log) and print where it is.
     #[arg(long)]
     pub keep: bool,
+}
+
+/// A benchmark's exit: success, or its error logged (with its causes) and failure.
+pub fn exit_code(benchmark: &str, outcome: anyhow::Result<()>) -> std::process::ExitCode {
+    match outcome {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            tracing::error!("{benchmark} failed: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// The simulated fleet's options a benchmark takes on its command line
+/// (`#[command(flatten)]`).
+#[derive(Debug, clap::Args)]
+pub struct FleetArgs {
+    /// Heartbeat interval of the simulated daemons, in seconds.
+    #[arg(long, default_value_t = 10)]
+    pub heartbeat_secs: u64,
+    /// Joins and session handshakes in flight at once.
+    #[arg(long, default_value_t = crate::sim::DEFAULT_JOIN_CONCURRENCY)]
+    pub join_concurrency: usize,
+}
+
+impl FleetArgs {
+    /// Daemons that heartbeat every `heartbeat_secs`, joining `join_concurrency` at a time.
+    pub fn sim_options(&self) -> SimOptions {
+        SimOptions {
+            join_concurrency: self.join_concurrency,
+            knobs: DaemonKnobs {
+                heartbeat_interval_override: Some(Duration::from_secs(self.heartbeat_secs)),
+                ..DaemonKnobs::default()
+            },
+            ..SimOptions::default()
+        }
+    }
 }
 
 /// The `better-compute` binary: `given`, or the one next to the running benchmark.
@@ -178,7 +221,7 @@ pub async fn finish(
     keep: bool,
     outcome: anyhow::Result<()>,
 ) -> anyhow::Result<()> {
-    let stopped = server.stop().await;
+    let stopped = server.stop().await.map(|_| ());
     database.drop_if_fresh().await?;
     if keep {
         let kept = dir.keep();
@@ -389,7 +432,10 @@ impl Server {
     }
 
     /// SIGTERM, then SIGKILL if it does not stop within `CHILD_STOP_TIMEOUT`.
-    async fn stop(&mut self) -> anyhow::Result<()> {
+    /// Stops the server (SIGTERM, then a kill after `CHILD_STOP_TIMEOUT`): how long it took.
+    /// A server that already stopped takes no time.
+    pub async fn stop(&mut self) -> anyhow::Result<Duration> {
+        let started = Instant::now();
         if let Some(pid) = self.child.id() {
             // If `kill` fails the server is gone already or the wait below times out and
             // kills it, so its result adds nothing.
@@ -412,7 +458,7 @@ impl Server {
                 }
             }
         }
-        Ok(())
+        Ok(started.elapsed())
     }
 }
 
@@ -436,7 +482,9 @@ fn free_ports() -> anyhow::Result<(u16, u16)> {
     Ok((a.local_addr()?.port(), b.local_addr()?.port()))
 }
 
-/// The GraphQL API of the child server, as the bearer of one token.
+/// The GraphQL API of the child server, as the bearer of one token. Clones share one
+/// connection pool.
+#[derive(Clone)]
 pub struct Api {
     client: reqwest::Client,
     url: String,
@@ -481,19 +529,19 @@ impl Api {
     pub async fn create_site_and_pool(&self) -> anyhow::Result<(String, String)> {
         let site = self
             .data(
-                "mutation($name: String!) { createSite(input: {name: $name, kind: PLATFORM}) { id } }",
+                "mutation($name: String!) { createSite(input: {name: $name, kind: PLATFORM}) { site { id } } }",
                 json!({ "name": "bench" }),
             )
-            .await?["createSite"]["id"]
+            .await?["createSite"]["site"]["id"]
             .as_str()
             .context("createSite returned no id")?
             .to_owned();
         let pool = self
             .data(
-                "mutation($site: ID!, $gpus: Int) { createPool(input: {siteId: $site, name: \"bench\", kind: METAL_HOST, expectedGpuCount: $gpus}) { id } }",
+                "mutation($site: ID!, $gpus: Int) { createPool(input: {siteId: $site, name: \"bench\", kind: METAL_HOST, expectedGpuCount: $gpus}) { pool { id } } }",
                 json!({ "site": site, "gpus": DaemonKnobs::default().gpu_count }),
             )
-            .await?["createPool"]["id"]
+            .await?["createPool"]["pool"]["id"]
             .as_str()
             .context("createPool returned no id")?
             .to_owned();
@@ -615,6 +663,283 @@ pub fn nearest_rank<T: Copy>(sorted: &[T], q: f64) -> Option<T> {
     sorted.get(rank - 1).copied()
 }
 
+/// Mints a join token for `nodes` joins to `site` and `pool` and starts that many simulated
+/// daemons on the server's gateway (they pin its CA by the fingerprint the token came with).
+/// They join and connect in the background: [`bring_up`] waits for them.
+pub async fn start_fleet(
+    api: &Api,
+    server: &Server,
+    site: &str,
+    pool: &str,
+    nodes: usize,
+    options: &SimOptions,
+) -> anyhow::Result<Fleet> {
+    let token = api
+        .data(
+            "mutation($site: ID!, $pool: ID, $uses: Int, $ttl: Int) { createJoinToken(input: {siteId: $site, poolId: $pool, maxUses: $uses, expiresInSeconds: $ttl, description: \"benchmark\"}) { secret caCertificateSha256 joinToken { id } } }",
+            json!({ "site": site, "pool": pool, "uses": nodes, "ttl": JOIN_TOKEN_TTL.as_secs() }),
+        )
+        .await?;
+    let secret = token["createJoinToken"]["secret"]
+        .as_str()
+        .context("createJoinToken returned no secret")?;
+    let pin = token["createJoinToken"]["caCertificateSha256"]
+        .as_str()
+        .context("createJoinToken returned no CA fingerprint")?;
+    tracing::info!(nodes, gateway = %server.gateway_url(), "starting the fleet");
+    Fleet::start(
+        &server.gateway_url(),
+        secret,
+        CaTrust::Sha256Pin(pin.to_owned()),
+        nodes,
+        options,
+    )
+    .await
+    .context("starting the simulated fleet")
+}
+
+/// How often [`bring_up`] asks the API how many nodes are adopted and schedulable: each ask
+/// counts the pool's nodes twice, which is cheap next to acceptance but not free.
+const BRING_UP_COUNT_EVERY: Duration = Duration::from_secs(1);
+/// The step of the bring-up timeline [`BringUp::rows`] prints.
+const BRING_UP_SAMPLE_EVERY: Duration = Duration::from_secs(10);
+
+/// How many of the fleet's nodes had reached each milestone at one moment of the bring-up.
+#[derive(Debug, Clone, Copy)]
+pub struct BringUpSample {
+    /// Since the fleet started.
+    pub at: Duration,
+    pub joined: u64,
+    pub connected: u64,
+    pub adopted: u64,
+    pub schedulable: u64,
+    /// The server's CPU since the previous sample, in % of one core.
+    pub server_cpu: f64,
+}
+
+/// A fleet's bring-up, from its start until every node is schedulable: when each milestone
+/// was reached by the whole fleet, the counts over time, and the server's CPU throughout.
+#[derive(Debug, Clone)]
+pub struct BringUp {
+    pub nodes: u64,
+    pub joined: Duration,
+    pub connected: Duration,
+    pub adopted: Duration,
+    pub schedulable: Duration,
+    /// The server's CPU from the fleet's start to every node schedulable, in % of one core.
+    pub server_cpu: f64,
+    pub timeline: Vec<BringUpSample>,
+}
+
+impl BringUp {
+    /// The milestones and the timeline, as rows of the results table.
+    pub fn rows(&self) -> Vec<Row<'static>> {
+        let secs = |d: Duration| d.as_secs_f64();
+        let mut rows: Vec<Row<'static>> = vec![
+            (
+                "bring-up: all joined / connected / adopted / schedulable".into(),
+                format!(
+                    "{:.1} s / {:.1} s / {:.1} s / {:.1} s",
+                    secs(self.joined),
+                    secs(self.connected),
+                    secs(self.adopted),
+                    secs(self.schedulable)
+                ),
+                "",
+            ),
+            (
+                "bring-up: acceptance rate (adopted / s after all joined)".into(),
+                format!(
+                    "{:.0} nodes/s",
+                    self.nodes as f64 / secs(self.adopted.saturating_sub(self.joined)).max(0.001)
+                ),
+                "",
+            ),
+            (
+                "bring-up: server CPU".into(),
+                format!("{:.1} % of one core", self.server_cpu),
+                "2 cores: 200 % is the whole machine (simulator included)",
+            ),
+        ];
+        rows.extend(self.timeline.iter().map(|s| {
+            (
+                format!(
+                    "  at {:>5.0} s: joined/connected/adopted/schedulable",
+                    secs(s.at)
+                ),
+                format!(
+                    "{}/{}/{}/{}, server {:.0} %",
+                    s.joined, s.connected, s.adopted, s.schedulable, s.server_cpu
+                ),
+                "",
+            )
+        }));
+        rows
+    }
+}
+
+/// Waits until every node of `fleet` (all in `pool`) is joined, connected, adopted and
+/// schedulable, and reports when each happened, from `started`, with the server's CPU.
+pub async fn bring_up(
+    api: &Api,
+    server: &Server,
+    fleet: &Fleet,
+    pool: &str,
+    timeout: Duration,
+    started: Instant,
+) -> anyhow::Result<BringUp> {
+    let nodes = fleet.len() as u64;
+    let deadline = started + timeout;
+    let clk_tck = clock_ticks_per_second().await;
+    let cpu_at_start = server.cpu_ticks()?;
+    let mut cpu_at_sample = (started, cpu_at_start);
+    let mut milestones: [Option<Duration>; 4] = [None; 4];
+    let mut counts = (0, 0);
+    let mut next_count = Instant::now();
+    let mut next_sample = started + BRING_UP_SAMPLE_EVERY;
+    let mut next_report = Instant::now() + PROGRESS_EVERY;
+    let mut timeline = Vec::new();
+    loop {
+        let progress = fleet.progress();
+        if Instant::now() >= next_count {
+            counts = adopted_and_schedulable(api, pool).await?;
+            next_count = Instant::now() + BRING_UP_COUNT_EVERY;
+        }
+        let reached = [progress.joined, progress.connected, counts.0, counts.1];
+        for (milestone, count) in milestones.iter_mut().zip(reached) {
+            if milestone.is_none() && count >= nodes {
+                *milestone = Some(started.elapsed());
+            }
+        }
+        let now = Instant::now();
+        if now >= next_sample || milestones[3].is_some() {
+            let cpu = server.cpu_ticks()?;
+            let wall = now.duration_since(cpu_at_sample.0).as_secs_f64().max(0.001);
+            timeline.push(BringUpSample {
+                at: now.duration_since(started),
+                joined: reached[0],
+                connected: reached[1],
+                adopted: reached[2],
+                schedulable: reached[3],
+                server_cpu: 100.0 * (cpu - cpu_at_sample.1) / clk_tck / wall,
+            });
+            cpu_at_sample = (now, cpu);
+            next_sample += BRING_UP_SAMPLE_EVERY;
+        }
+        if let [
+            Some(joined),
+            Some(connected),
+            Some(adopted),
+            Some(schedulable),
+        ] = milestones
+        {
+            let cpu = server.cpu_ticks()?;
+            tracing::info!(?schedulable, "every node is schedulable");
+            return Ok(BringUp {
+                nodes,
+                joined,
+                connected,
+                adopted,
+                schedulable,
+                server_cpu: 100.0 * (cpu - cpu_at_start)
+                    / clk_tck
+                    / started.elapsed().as_secs_f64().max(0.001),
+                timeline,
+            });
+        }
+        ensure!(
+            progress.failed == 0,
+            "{} daemons gave up, e.g. {}",
+            progress.failed,
+            fleet.sample_error().unwrap_or_default()
+        );
+        ensure!(!server.exited(), "the server exited");
+        ensure!(
+            now < deadline,
+            "the fleet was not schedulable within {timeout:?}: {progress}, {} adopted, {} schedulable",
+            counts.0,
+            counts.1
+        );
+        if now >= next_report {
+            tracing::info!(
+                %progress,
+                adopted = counts.0,
+                schedulable = counts.1,
+                elapsed = ?started.elapsed(),
+                "fleet coming up"
+            );
+            next_report += PROGRESS_EVERY;
+        }
+        tokio::time::sleep(FLEET_POLL_INTERVAL).await;
+    }
+}
+
+/// How many nodes of `pool` are adopted, and how many schedulable.
+async fn adopted_and_schedulable(api: &Api, pool: &str) -> anyhow::Result<(u64, u64)> {
+    let data = api
+        .data(
+            "query($pool: ID!) { adopted: nodes(first: 1, filter: {poolId: [$pool], provisionState: [ADOPTED]}) { totalCount } schedulable: nodes(first: 1, filter: {poolId: [$pool], schedulable: true}) { totalCount } }",
+            json!({ "pool": pool }),
+        )
+        .await?;
+    let count = |alias: &str| {
+        data[alias]["totalCount"]
+            .as_u64()
+            .with_context(|| format!("nodes ({alias}) returned no totalCount"))
+    };
+    Ok((count("adopted")?, count("schedulable")?))
+}
+
+/// Latency samples of one operation.
+#[derive(Debug, Default)]
+pub struct Latencies(Vec<Duration>);
+
+impl Latencies {
+    pub fn push(&mut self, took: Duration) {
+        self.0.push(took);
+    }
+
+    /// How many samples there are.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Adds another's samples.
+    pub fn extend(&mut self, other: Latencies) {
+        self.0.extend(other.0);
+    }
+
+    /// The `q` quantile (nearest rank).
+    pub fn quantile(&self, q: f64) -> Option<Duration> {
+        let mut sorted = self.0.clone();
+        sorted.sort_unstable();
+        nearest_rank(&sorted, q)
+    }
+
+    /// "p50 / p99 (n samples)", or "no samples".
+    pub fn describe(&self) -> String {
+        match (self.quantile(0.5), self.quantile(0.99)) {
+            (Some(p50), Some(p99)) => format!(
+                "{} / {} ({} samples)",
+                millis(p50),
+                millis(p99),
+                self.0.len()
+            ),
+            _ => "no samples".to_owned(),
+        }
+    }
+}
+
+/// A duration in milliseconds, two decimals.
+pub fn millis(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1000.0)
+}
+
 /// One line of the results table: the measure, its result, and the raw limit on this
 /// machine kind it compares with (empty if none).
 pub type Row<'a> = (String, String, &'a str);
@@ -646,6 +971,17 @@ pub fn write_table(out: &mut impl Write, rows: &[Row<'_>]) -> std::io::Result<()
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn latency_quantiles_are_nearest_rank() {
+        let mut latencies = Latencies::default();
+        for ms in 1..=100 {
+            latencies.push(Duration::from_millis(ms));
+        }
+        assert_eq!(latencies.quantile(0.5), Some(Duration::from_millis(50)));
+        assert_eq!(latencies.quantile(0.99), Some(Duration::from_millis(99)));
+        assert_eq!(Latencies::default().quantile(0.5), None);
+    }
 
     #[test]
     fn only_loopback_databases_are_accepted() {

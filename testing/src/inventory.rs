@@ -48,8 +48,9 @@ const NIC_OUI: [u8; 3] = [0xb8, 0xce, 0xf6];
 /// The XIDs NVIDIA documents as needing a GPU reset or a reboot; reported with `critical`.
 const CRITICAL_XIDS: &[u32] = &[48, 63, 64, 74, 79, 92, 94, 95, 119, 120];
 
-/// The simulated driver stack.
-const NVIDIA_DRIVER: &str = "550.54.15";
+/// The simulated driver stack (the NVIDIA driver is a knob, `DaemonKnobs::driver_version`;
+/// this is its default).
+pub const NVIDIA_DRIVER: &str = "550.54.15";
 const CUDA_VERSION: &str = "12.4";
 const KERNEL: &str = "5.15.0-105-generic";
 
@@ -112,7 +113,7 @@ impl Machine {
             ("memory".to_owned(), memory()),
             ("network".to_owned(), self.network()),
             ("disks".to_owned(), self.disks()),
-            ("drivers".to_owned(), drivers()),
+            ("drivers".to_owned(), drivers(knobs)),
         ]);
         debug_assert!(
             INVENTORY_SECTIONS
@@ -173,10 +174,15 @@ impl Machine {
                 })
             })
             .collect();
+        // A machine without GPUs has no NVIDIA driver loaded: NVML reports nothing but the
+        // empty list, which is what bcd sends then.
+        if count == 0 {
+            return json!({ "count": 0, "devices": [] });
+        }
         json!({
             "count": count,
             "model": knobs.gpu_model,
-            "driverVersion": NVIDIA_DRIVER,
+            "driverVersion": knobs.driver_version,
             "cudaVersion": CUDA_VERSION,
             "devices": devices,
             "diagnostics": self.diagnostics(knobs),
@@ -258,14 +264,18 @@ fn memory() -> Value {
     json!({ "totalBytes": 32 * dimm_bytes, "dimms": 32, "dimmSizeBytes": dimm_bytes, "type": "DDR5", "speedMTs": 4800 })
 }
 
-fn drivers() -> Value {
-    json!({
-        "nvidia": NVIDIA_DRIVER,
-        "cuda": CUDA_VERSION,
-        "fabricmanager": NVIDIA_DRIVER,
+/// The loaded drivers by name; a machine without GPUs runs no NVIDIA stack.
+fn drivers(knobs: &DaemonKnobs) -> Value {
+    let mut drivers = json!({
         "ofed": "MLNX_OFED_LINUX-24.01-0.3.3.1",
         "kernel": KERNEL,
-    })
+    });
+    if knobs.gpu_count > 0 {
+        drivers["nvidia"] = json!(knobs.driver_version);
+        drivers["cuda"] = json!(CUDA_VERSION);
+        drivers["fabricmanager"] = json!(knobs.driver_version);
+    }
+    drivers
 }
 
 /// The hash of every section, as `hello.inventoryHashes` carries them.
@@ -391,6 +401,24 @@ mod tests {
             section_hash(&inv["system"]),
             section_hash(&healthy["system"])
         );
+    }
+
+    #[test]
+    fn a_machine_without_gpus_reports_no_nvidia_stack_and_the_driver_is_a_knob() {
+        let machine = Machine::new(2, None, None);
+        let bare = machine.inventory(&DaemonKnobs {
+            gpu_count: 0,
+            ..DaemonKnobs::default()
+        });
+        assert_eq!(bare["gpus"], json!({ "count": 0, "devices": [] }));
+        assert_eq!(bare["drivers"].get("nvidia"), None);
+        assert_eq!(bare["drivers"]["kernel"], KERNEL);
+        let older = machine.inventory(&DaemonKnobs {
+            driver_version: "535.161.08".into(),
+            ..DaemonKnobs::default()
+        });
+        assert_eq!(older["gpus"]["driverVersion"], "535.161.08");
+        assert_eq!(older["drivers"]["nvidia"], "535.161.08");
     }
 
     #[test]

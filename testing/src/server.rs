@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 use bc_core::clock::ManualClock;
-use bc_core::ids::TenantId;
+use bc_core::ids::{NodeId, TenantId};
 use better_compute::app::{self, RunningServer};
 use better_compute::auth::Role;
 use better_compute::config::Config;
@@ -141,6 +141,13 @@ impl Gql {
     /// The `extensions.code` of the first error, if any.
     pub fn code(&self) -> Option<&str> {
         self.body["errors"][0]["extensions"]["code"].as_str()
+    }
+
+    /// The message of the first error (empty if there is none).
+    pub fn message(&self) -> &str {
+        self.body["errors"][0]["message"]
+            .as_str()
+            .unwrap_or_default()
     }
 
     /// The first error, panicking if there is none.
@@ -287,6 +294,57 @@ impl TestServer {
             .expect("connecting to the test database")
     }
 
+    /// One connection of the test's own, in a pool of one (so `pg_backend_pid` is stable).
+    async fn single_connection(&self) -> sea_orm::DatabaseConnection {
+        let mut options = sea_orm::ConnectOptions::new(self.database_url().to_owned());
+        options.max_connections(1).sqlx_logging(false);
+        sea_orm::Database::connect(options)
+            .await
+            .expect("connecting to the test database")
+    }
+
+    /// PostgreSQL's `deadlocks` counter for this server's database (`None` on SQLite). A
+    /// backend adds the deadlocks it saw when it reports its statistics, at the latest when
+    /// it exits: to count a run's, restart the servers on the database and wait until the
+    /// run's [`TestServer::postgres_backends`] are gone.
+    pub async fn postgres_deadlocks(&self) -> Option<i64> {
+        if self.backend != Backend::Postgres {
+            return None;
+        }
+        let db = self.single_connection().await;
+        let row = db
+            .query_one_raw(sea_orm::Statement::from_string(
+                db.get_database_backend(),
+                "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()",
+            ))
+            .await
+            .expect("pg_stat_database")
+            .expect("a row for the test database");
+        let count: i64 = row.try_get("", "deadlocks").expect("deadlocks");
+        db.close().await.expect("closing");
+        Some(count)
+    }
+
+    /// The PostgreSQL backends on this server's database other than the asking one (none on
+    /// SQLite).
+    pub async fn postgres_backends(&self) -> Vec<i32> {
+        if self.backend != Backend::Postgres {
+            return Vec::new();
+        }
+        let db = self.single_connection().await;
+        let rows = db
+            .query_all_raw(sea_orm::Statement::from_string(
+                db.get_database_backend(),
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()",
+            ))
+            .await
+            .expect("pg_stat_activity");
+        db.close().await.expect("closing");
+        rows.iter()
+            .map(|r| r.try_get::<i32>("", "pid").expect("pid"))
+            .collect()
+    }
+
     pub fn url(&self) -> String {
         self.server.url()
     }
@@ -399,32 +457,53 @@ impl TestServer {
     pub async fn site_and_pool(&self, expected_gpus: i32) -> (String, String) {
         let site = self
             .admin(
-                "mutation($name: String!) { createSite(input: {name: $name, kind: PLATFORM}) { id } }",
+                "mutation($name: String!) { createSite(input: {name: $name, kind: PLATFORM}) { site { id } } }",
                 json!({ "name": format!("site-{}", uuid::Uuid::new_v4().simple()) }),
             )
-            .await["createSite"]["id"]
+            .await["createSite"]["site"]["id"]
             .as_str()
             .expect("site id")
             .to_owned();
         let pool = self
             .admin(
-                "mutation($site: ID!, $gpus: Int) { createPool(input: {siteId: $site, name: \"gpu\", kind: METAL_HOST, expectedGpuCount: $gpus}) { id } }",
+                "mutation($site: ID!, $gpus: Int) { createPool(input: {siteId: $site, name: \"gpu\", kind: METAL_HOST, expectedGpuCount: $gpus}) { pool { id } } }",
                 json!({ "site": site, "gpus": expected_gpus }),
             )
-            .await["createPool"]["id"]
+            .await["createPool"]["pool"]["id"]
             .as_str()
             .expect("pool id")
             .to_owned();
         (site, pool)
     }
 
+    /// A tenant created through the API; returns its id.
+    pub async fn tenant(&self, name: &str) -> String {
+        self.admin(
+            "mutation($name: String!) { createTenant(input: {name: $name}) { tenant { id } } }",
+            json!({ "name": name }),
+        )
+        .await["createTenant"]["tenant"]["id"]
+            .as_str()
+            .expect("tenant id")
+            .to_owned()
+    }
+
+    /// Offers a platform pool to a tenant through the API (`offerPool`).
+    pub async fn offer_pool(&self, pool: &str, tenant: &str) {
+        self.admin(
+            "mutation($pool: ID!, $tenant: ID!) { offerPool(input: {poolId: $pool, tenantId: $tenant}) { tenantId } }",
+            json!({ "pool": pool, "tenant": tenant }),
+        )
+        .await;
+    }
+
     /// Enrols a node through the API (`enrollNode`); it starts `enrolling`.
     pub async fn enroll(&self, site: &str, pool: &str, hostname: &str) -> Value {
         self.admin(
-            "mutation($site: ID!, $pool: ID, $host: String!) { enrollNode(input: {siteId: $site, poolId: $pool, hostname: $host}) { id version provisionState } }",
+            "mutation($site: ID!, $pool: ID, $host: String!) { enrollNode(input: {siteId: $site, poolId: $pool, hostname: $host}) { node { id version provisionState } } }",
             json!({ "site": site, "pool": pool, "host": hostname }),
         )
-        .await["enrollNode"]
+        .await["enrollNode"]["node"]
         .clone()
     }
 
@@ -441,6 +520,16 @@ impl TestServer {
             .insert_nodes_for_tests(nodes)
             .await
             .unwrap_or_else(|err| panic!("inserting nodes: {}", err.message()));
+    }
+
+    /// Gives each node these devices as an inventory report would (see
+    /// `Services::replace_devices_for_tests`).
+    pub async fn replace_devices(&self, devices: &[(NodeId, Vec<bc_core::health::Device>)]) {
+        self.server
+            .services
+            .replace_devices_for_tests(devices)
+            .await
+            .unwrap_or_else(|err| panic!("writing devices: {}", err.message()));
     }
 
     /// The gateway's base URL (`https://127.0.0.1:<port>`).

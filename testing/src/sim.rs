@@ -20,6 +20,8 @@ use tokio::task::JoinHandle;
 pub const DEFAULT_JOIN_CONCURRENCY: usize = 64;
 /// How often [`run_sim`] reports progress, by default.
 pub const DEFAULT_REPORT_EVERY: Duration = Duration::from_secs(2);
+/// When the GPUs of [`SimOptions::mixed`] fail in service: after the fleet is accepted.
+pub const MIXED_FAULT_AFTER: Duration = Duration::from_secs(45);
 /// How often [`Fleet::wait_for`] looks at the counters.
 const PROGRESS_POLL_INTERVAL: Duration = Duration::from_millis(50);
 /// How long [`Fleet::shutdown`] waits for daemons to close their sessions before it aborts
@@ -70,10 +72,45 @@ impl KnobOverride {
         })
     }
 
+    /// A machine without GPUs (a CPU machine, or a GPU machine whose driver did not load).
+    pub fn no_gpus(share: f64) -> KnobOverride {
+        KnobOverride::new("no GPUs", share, |k| k.gpu_count = 0)
+    }
+
+    /// The machine runs another NVIDIA driver than the fleet's default.
+    pub fn driver_version(share: f64, version: impl Into<String>) -> KnobOverride {
+        let version = version.into();
+        KnobOverride::new(format!("NVIDIA driver {version}"), share, move |k| {
+            k.driver_version.clone_from(&version)
+        })
+    }
+
     /// The GPUs report these XID errors.
     pub fn xid_errors(share: f64, xids: Vec<u32>) -> KnobOverride {
         KnobOverride::new(format!("XID {xids:?}"), share, move |k| {
             k.xid_errors.clone_from(&xids)
+        })
+    }
+
+    /// A GPU fails in service: the machine reports `xids` from `after` the daemon starts
+    /// (after acceptance, on a fleet that comes up in time). `fixable`: the remedy the XID
+    /// table names works (a `gpu.reset` clears reset XIDs, a `node.reboot` reset and reboot
+    /// XIDs); otherwise nothing clears them and health remediation gives up.
+    pub fn gpu_fails_in_service(
+        share: f64,
+        xids: Vec<u32>,
+        after: Duration,
+        fixable: bool,
+    ) -> KnobOverride {
+        let name = format!(
+            "XID {xids:?} after {after:?}, {}",
+            if fixable { "fixable" } else { "never fixed" }
+        );
+        KnobOverride::new(name, share, move |k| {
+            k.xid_errors.clone_from(&xids);
+            k.xid_after = Some(after);
+            k.reset_clears_faults = fixable;
+            k.reboot_clears_faults = fixable;
         })
     }
 
@@ -144,13 +181,26 @@ impl Default for SimOptions {
 
 impl SimOptions {
     /// A fleet that looks like a real one on a dashboard: mostly healthy, with 5 % failing
-    /// GPU diagnostics, 5 % missing a GPU and 3 % reporting XID 79 (fallen off the bus).
+    /// GPU diagnostics (they fail acceptance), 5 % missing a GPU, and GPUs failing in
+    /// service [`MIXED_FAULT_AFTER`] after the fleet starts, for health remediation to
+    /// treat: 5 % XID 48 that a `gpu.reset` fixes, 5 % XID 79 (fallen off the bus) that a
+    /// `node.reboot` fixes, and 5 % XID 79 that nothing fixes, on which remediation climbs
+    /// its whole ladder and gives up (maintenance on, `GpuNeedsPerson`).
     pub fn mixed() -> SimOptions {
+        SimOptions::mixed_failing_after(MIXED_FAULT_AFTER)
+    }
+
+    /// [`SimOptions::mixed`] with its GPUs failing in service `after` the daemons start
+    /// instead of [`MIXED_FAULT_AFTER`]: sooner to watch remediation, or never within a test
+    /// that is about the fleet as it joins.
+    pub fn mixed_failing_after(after: Duration) -> SimOptions {
         SimOptions {
             overrides: vec![
                 KnobOverride::failing_diagnostics(0.05),
                 KnobOverride::missing_gpu(0.05),
-                KnobOverride::xid_errors(0.03, vec![79]),
+                KnobOverride::gpu_fails_in_service(0.05, vec![48], after, true),
+                KnobOverride::gpu_fails_in_service(0.05, vec![79], after, true),
+                KnobOverride::gpu_fails_in_service(0.05, vec![79], after, false),
             ],
             ..SimOptions::default()
         }
@@ -455,7 +505,25 @@ mod tests {
         let all: Vec<DaemonKnobs> = (0..100).map(|i| options.knobs_for(9, i, 100)).collect();
         assert_eq!(all.iter().filter(|k| k.fail_diagnostics).count(), 5);
         assert_eq!(all.iter().filter(|k| k.gpu_count == 7).count(), 5);
-        assert_eq!(all.iter().filter(|k| k.xid_errors == [79]).count(), 3);
+        // GPUs that fail in service, some fixable and some not (overrides may overlap).
+        let in_service: Vec<&DaemonKnobs> = all.iter().filter(|k| k.xid_after.is_some()).collect();
+        assert!(in_service.len() >= 5, "{}", in_service.len());
+        assert!(in_service.iter().any(|k| k.reboot_clears_faults));
+        assert!(in_service.iter().any(|k| !k.reboot_clears_faults));
+        // A fleet of 20 (`dev --sim 20 --sim-mixed`) has one of each.
+        let twenty: Vec<DaemonKnobs> = (0..20).map(|i| options.knobs_for(9, i, 20)).collect();
+        for xids in [[48], [79]] {
+            assert!(
+                twenty
+                    .iter()
+                    .any(|k| k.xid_errors == xids && k.reboot_clears_faults)
+            );
+        }
+        assert!(
+            twenty
+                .iter()
+                .any(|k| k.xid_after.is_some() && !k.reboot_clears_faults)
+        );
         let named = SimOptions {
             hostname_prefix: Some("gpu-".into()),
             ..SimOptions::default()

@@ -200,12 +200,12 @@ impl NodeAction {
                 },
             })
             .await
-            .map(|d| d.cordon_node.version),
+            .map(|d| d.cordon_node.node.version),
             NodeAction::Uncordon => gql::run::<UncordonNode>(uncordon_node::Variables {
-                input: uncordon_node::NodeVersionInput { id, version },
+                input: uncordon_node::UncordonNodeInput { id, version },
             })
             .await
-            .map(|d| d.uncordon_node.version),
+            .map(|d| d.uncordon_node.node.version),
             NodeAction::Drain { reason, deadline } => {
                 gql::run::<DrainNode>(drain_node::Variables {
                     input: drain_node::DrainNodeInput {
@@ -216,7 +216,7 @@ impl NodeAction {
                     },
                 })
                 .await
-                .map(|d| d.drain_node.version)
+                .map(|d| d.drain_node.node.version)
             }
             NodeAction::Taint {
                 key,
@@ -236,12 +236,12 @@ impl NodeAction {
                 },
             })
             .await
-            .map(|d| d.taint_node.version),
+            .map(|d| d.taint_node.node.version),
             NodeAction::Untaint { key } => gql::run::<UntaintNode>(untaint_node::Variables {
                 input: untaint_node::UntaintNodeInput { id, version, key },
             })
             .await
-            .map(|d| d.untaint_node.version),
+            .map(|d| d.untaint_node.node.version),
             NodeAction::Label { set, remove } => gql::run::<LabelNode>(label_node::Variables {
                 input: label_node::LabelNodeInput {
                     id,
@@ -254,17 +254,17 @@ impl NodeAction {
                 },
             })
             .await
-            .map(|d| d.label_node.version),
+            .map(|d| d.label_node.node.version),
             NodeAction::Revoke { reason } => {
                 gql::run::<RevokeNodeIdentity>(revoke_node_identity::Variables {
-                    input: revoke_node_identity::ReasonedNodeInput {
+                    input: revoke_node_identity::RevokeNodeIdentityInput {
                         id,
                         version,
                         reason,
                     },
                 })
                 .await
-                .map(|d| d.revoke_node_identity.version)
+                .map(|d| d.revoke_node_identity.node.version)
             }
         }
     }
@@ -624,7 +624,7 @@ pub fn CommandDialog(targets: Vec<Row>, on_close: Callback<()>) -> impl IntoView
         leptos::task::spawn_local(async move {
             let result = gql::run::<SendCommand>(send_command::Variables { input }).await;
             match result {
-                Ok(data) => sent.set(Some(data.send_command.len())),
+                Ok(data) => sent.set(Some(data.send_command.commands.len())),
                 Err(err) => problem.set(Some(err.to_string())),
             }
             running.set(false);

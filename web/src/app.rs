@@ -6,7 +6,9 @@ use leptos::prelude::*;
 use leptos_router::components::{A, Route, Router, Routes};
 use leptos_router::path;
 
-use crate::gql::{self, ApiError, Catalog, Viewer, catalog, viewer};
+use crate::gql::{
+    self, ApiError, CatalogPools, CatalogSites, Viewer, catalog_pools, catalog_sites, viewer,
+};
 use crate::live::LiveState;
 use crate::model::{Filters, Names, Sort, seed_spelling};
 use crate::session;
@@ -79,20 +81,20 @@ impl Ctx {
 
     /// Site and pool names, for the table and the capacity chart.
     pub async fn load_catalog(self) {
-        match gql::run::<Catalog>(catalog::Variables {}).await {
-            Ok(data) => {
+        match catalog().await {
+            Ok((sites, pools)) => {
                 let mut names = HashMap::new();
-                for site in &data.sites {
+                for site in &sites {
                     names.insert(site.id.clone(), site.name.clone());
                 }
-                for pool in &data.pools {
+                for pool in &pools {
                     names.insert(pool.id.clone(), pool.name.clone());
                 }
                 self.names.set(Names(names));
                 self.sites
-                    .set(data.sites.into_iter().map(|s| (s.id, s.name)).collect());
+                    .set(sites.into_iter().map(|s| (s.id, s.name)).collect());
                 self.pools.set(
-                    data.pools
+                    pools
                         .into_iter()
                         .map(|p| PoolInfo {
                             kind: seed_spelling(&gql::wire(&p.kind)),
@@ -106,6 +108,41 @@ impl Ctx {
             Err(err) => leptos::logging::warn!("loading sites and pools failed: {err}"),
         }
     }
+}
+
+/// Every site and every pool the operator may see, page after page.
+async fn catalog() -> Result<
+    (
+        Vec<catalog_sites::CatalogSitesSitesNodes>,
+        Vec<catalog_pools::CatalogPoolsPoolsNodes>,
+    ),
+    ApiError,
+> {
+    let mut sites = Vec::new();
+    let mut after = None;
+    loop {
+        let page = gql::run::<CatalogSites>(catalog_sites::Variables { after })
+            .await?
+            .sites;
+        sites.extend(page.nodes);
+        after = page.page_info.end_cursor;
+        if !page.page_info.has_next_page || after.is_none() {
+            break;
+        }
+    }
+    let mut pools = Vec::new();
+    let mut after = None;
+    loop {
+        let page = gql::run::<CatalogPools>(catalog_pools::Variables { after })
+            .await?
+            .pools;
+        pools.extend(page.nodes);
+        after = page.page_info.end_cursor;
+        if !page.page_info.has_next_page || after.is_none() {
+            break;
+        }
+    }
+    Ok((sites, pools))
 }
 
 #[component]
@@ -140,6 +177,7 @@ pub fn App() -> impl IntoView {
     try_token(session::take_link_token().or_else(session::token));
     // A sign-in link opened in a tab that already shows the dashboard changes only the
     // fragment: no reload happens, so the new token is taken from here.
+    // The app lives as long as the page, and so does this listener.
     let _ = window_event_listener(leptos::ev::hashchange, move |_| {
         if let Some(token) = session::take_link_token() {
             ctx.fleet.stop();
@@ -172,6 +210,9 @@ pub fn App() -> impl IntoView {
                             <Route path=path!("/") view=crate::fleet::FleetPage/>
                             <Route path=path!("/nodes/:id") view=crate::node::NodePage/>
                             <Route path=path!("/capacity") view=crate::capacity::CapacityPage/>
+                            <Route path=path!("/events") view=crate::events::EventsPage/>
+                            <Route path=path!("/reservations") view=crate::reservations::ReservationsPage/>
+                            <Route path=path!("/reservations/:id") view=crate::reservations::ReservationPage/>
                         </Routes>
                     </main>
                 </Show>
@@ -262,6 +303,8 @@ fn Header() -> impl IntoView {
             <nav>
                 <A href="/" exact=true>"Fleet"</A>
                 <A href="/capacity">"Capacity"</A>
+                <A href="/reservations">"Reservations"</A>
+                <A href="/events">"Events"</A>
             </nav>
             <span class=move || format!("live-state {}", live().0) data-testid="live-state">
                 {move || live().1}

@@ -100,7 +100,10 @@ pub fn FleetPage() -> impl IntoView {
             measure();
         }
     });
-    let _ = window_event_listener(leptos::ev::resize, move |_| measure());
+    // The listener reads this page's signals: it goes with the page. Left behind, the next
+    // resize (a full-page screenshot is one) read a disposed node ref and panicked.
+    let resize = window_event_listener(leptos::ev::resize, move |_| measure());
+    on_cleanup(move || resize.remove());
     // A filter or sort change shows the top of the new order.
     Effect::new(move |_| {
         ctx.filters.track();

@@ -28,7 +28,8 @@ macro_rules! operations {
 
 operations!(
     Viewer,
-    Catalog,
+    CatalogSites,
+    CatalogPools,
     FleetChanges,
     NodeRowById,
     NodePage,
@@ -45,6 +46,19 @@ operations!(
     RevokeNodeIdentity,
     SendCommand,
     CancelCommand,
+);
+
+// History (issue 15): `history.rs`, `events.rs`, and the node page's past view.
+operations!(NodeAsOf, EventLog, EventLogLive, ClearNodeCondition);
+
+// Placement (issue 13): `placement.rs`, `reservations.rs`, `allocations.rs`.
+operations!(
+    Tenants,
+    Reservations,
+    ReservationById,
+    CreateReservation,
+    ReleaseReservation,
+    ReservationUpdatesLive,
 );
 
 /// Where the API lives: the same origin that served the dashboard.

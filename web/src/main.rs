@@ -3,15 +3,20 @@
 //! ARCHITECTURE.md ("web/") has the map.
 
 mod actions;
+mod allocations;
 mod app;
 mod capacity;
+mod events;
 mod fleet;
 mod format;
 mod gql;
+mod history;
 mod live;
 mod model;
 mod node;
+mod placement;
 mod refresh;
+mod reservations;
 mod session;
 mod store;
 

@@ -1,17 +1,22 @@
 //! NodeLifecycle (acceptance) and NodeSpec: the seed's "Acceptance" and "Schedulable" steps.
 //!
-//! - Acceptance: an `adopting`, connected node that reported its GPUs gets the pool's
-//!   acceptance check, `diag.nvml`, as a command. A pass makes it `adopted`; a failure makes
-//!   it `failed` (`failedFrom: adopting`, maintenance on), and the diagnostic's result stays
-//!   on the command for people to read. A check that times out, expires or is cancelled
-//!   counts as a failure: acceptance never passes a node it could not check.
+//! - Acceptance: an `adopting`, connected node that reported its `gpus` section gets the
+//!   checks its pool lists (`bc_core::acceptance`: by default `diag.nvml` level 2, run as a
+//!   command; `hardware-profile` reads the mismatch conditions). All passing makes it
+//!   `adopted`; a failure makes it `failed` (`failedFrom: adopting`, maintenance on), and a
+//!   diagnostic's result stays on the command for people to read. A check that times out,
+//!   expires or is cancelled counts as a failure: acceptance never passes a node it could
+//!   not check. A node reporting no GPUs fails in a GPU pool and skips the GPU checks in a
+//!   CPU pool (expected GPU count 0).
 //! - NodeSpec: an `adopted` or `deployed` node at generation 0 gets generation 1; the gateway
 //!   sends it, the daemon converges and reports `observedGeneration`, and the node becomes
 //!   schedulable when nothing else blocks it.
 
 use bc_core::Actor;
+use bc_core::acceptance::{self, AcceptanceStep};
 use bc_core::axes::ProvisionState;
-use bc_core::command::{CommandKind, CommandStatus, NewCommand};
+use bc_core::command::{Command, CommandKind, NewCommand};
+use bc_core::node::NodeRecord;
 use bc_core::provision::ProvisionMove;
 
 use super::{Applied, apply};
@@ -21,8 +26,6 @@ use crate::service::Services;
 
 /// Nodes looked at per pass at most; the rest wait for the next tick.
 const MAX_PER_TICK: u64 = 2_000;
-/// The DCGM run level acceptance uses: level 2 exercises memory and PCIe, minutes not hours.
-const ACCEPTANCE_DIAG_LEVEL: u64 = 2;
 
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct LifecycleReport {
@@ -53,72 +56,50 @@ impl LifecycleController {
     }
 
     async fn acceptance(&mut self, report: &mut LifecycleReport) -> Result<(), ApiError> {
-        for node in self.services.acceptance_candidates(MAX_PER_TICK).await? {
-            let mine = CommandFilter {
-                node_ids: vec![node.id.clone()],
-                kinds: vec![CommandKind::DiagNvml],
-                ..Default::default()
+        for candidate in self.services.acceptance_candidates(MAX_PER_TICK).await? {
+            let node = &candidate.node;
+            let diagnostic = self.current_diagnostic(node).await?;
+            let step = acceptance::decide(
+                &candidate.policy,
+                &candidate.profile,
+                node,
+                diagnostic.as_ref(),
+            );
+            let cause = match &diagnostic {
+                Some(check) => format!("acceptance:{}", check.id),
+                None => "acceptance".to_owned(),
             };
-            let (checks, _) = self.services.commands(&platform(), mine, None, 20).await?;
-            let latest = checks.into_iter().find(|c| c.created_by == self.actor);
-            let current = match latest {
-                // A finished check from before the node's last provision move (a failed
-                // acceptance, then `recover`) judged the node in its previous life: it gets
-                // a new one rather than failing again on old evidence.
-                Some(check) if check.status.is_final() => {
-                    let stale = self
-                        .services
-                        .queued_before_last_provision_move(&node.id, &check.id)
+            match step {
+                AcceptanceStep::Wait => {}
+                AcceptanceStep::QueueDiagnostic { level } => {
+                    let new = NewCommand {
+                        kind: CommandKind::DiagNvml,
+                        params: serde_json::json!({ "level": level }),
+                        timeout: None,
+                        not_before: None,
+                        ttl: None,
+                        force: false,
+                    };
+                    self.services
+                        .queue_command_as(&self.actor, node, new)
                         .await?;
-                    (!stale).then_some(check)
+                    report.checks_queued += 1;
                 }
-                other => other,
-            };
-            let Some(check) = current else {
-                let new = NewCommand {
-                    kind: CommandKind::DiagNvml,
-                    params: serde_json::json!({ "level": ACCEPTANCE_DIAG_LEVEL }),
-                    timeout: None,
-                    not_before: None,
-                    ttl: None,
-                    force: false,
-                };
-                self.services
-                    .queue_command_as(&self.actor, &node, new)
-                    .await?;
-                report.checks_queued += 1;
-                continue;
-            };
-            let passed = check.status == CommandStatus::Succeeded
-                && check
-                    .result
-                    .as_ref()
-                    .and_then(|r| r.get("passed"))
-                    .and_then(serde_json::Value::as_bool)
-                    == Some(true);
-            let cause = format!("acceptance:{}", check.id);
-            match check.status {
-                CommandStatus::Queued | CommandStatus::Dispatched | CommandStatus::Running => {}
-                _ if passed => {
+                AcceptanceStep::Adopt(why) => {
                     let outcome = apply(
                         &self.services,
                         &self.actor,
                         &node.id,
                         node.version,
                         &cause,
-                        |n, _, _| n.apply_move(ProvisionMove::Adopt, Some("acceptance passed")),
+                        |n, _, _| n.apply_move(ProvisionMove::Adopt, Some(&why)),
                     )
                     .await;
                     if outcome == Applied::Changed {
                         report.adopted += 1;
                     }
                 }
-                status => {
-                    let why = match (&check.error, &check.result) {
-                        (Some(error), _) => format!("acceptance {status}: {error}"),
-                        (None, Some(result)) => format!("acceptance failed: {}", summarise(result)),
-                        (None, None) => format!("acceptance {status}"),
-                    };
+                AcceptanceStep::Fail(why) => {
                     let outcome = apply(
                         &self.services,
                         &self.actor,
@@ -135,6 +116,30 @@ impl LifecycleController {
             }
         }
         Ok(())
+    }
+
+    /// The newest `diag.nvml` acceptance queued for the node in its current life: a
+    /// finished one from before the node's last provision move (a failed acceptance, then
+    /// `recover`) judged the node in its previous life, so the node gets a new one rather
+    /// than failing again on old evidence.
+    async fn current_diagnostic(&self, node: &NodeRecord) -> Result<Option<Command>, ApiError> {
+        let mine = CommandFilter {
+            node_ids: vec![node.id.clone()],
+            kinds: vec![CommandKind::DiagNvml],
+            ..Default::default()
+        };
+        let (checks, _) = self.services.commands(&platform(), mine, None, 20).await?;
+        let latest = checks.into_iter().find(|c| c.created_by == self.actor);
+        Ok(match latest {
+            Some(check) if check.status.is_final() => {
+                let stale = self
+                    .services
+                    .queued_before_last_provision_move(&node.id, &check.id)
+                    .await?;
+                (!stale).then_some(check)
+            }
+            other => other,
+        })
     }
 
     async fn node_spec(&mut self, report: &mut LifecycleReport) -> Result<(), ApiError> {
@@ -165,22 +170,6 @@ impl LifecycleController {
             }
         }
         Ok(())
-    }
-}
-
-/// The failures of a diagnostic result, in a line.
-fn summarise(result: &serde_json::Value) -> String {
-    match result.get("failures").and_then(serde_json::Value::as_array) {
-        Some(failures) if !failures.is_empty() => failures
-            .iter()
-            .map(|f| {
-                f.get("message")
-                    .and_then(serde_json::Value::as_str)
-                    .map_or_else(|| f.to_string(), str::to_owned)
-            })
-            .collect::<Vec<_>>()
-            .join("; "),
-        _ => "the diagnostic did not pass".to_owned(),
     }
 }
 

@@ -1,5 +1,6 @@
 //! Controllers: loops that look at the fleet and change nodes when time alone makes a rule
-//! true (a heartbeat that never came, a drain deadline that passed).
+//! true (a heartbeat that never came, a drain deadline that passed), and health remediation
+//! (a pool's policy run as commands, `remediation.rs`).
 //!
 //! A controller never writes a node itself. It finds candidates with one query per rule
 //! (a `Services` read such as `silent_nodes`), then hands each to [`Services::apply_node_change`] with its own
@@ -8,13 +9,20 @@
 //! query is `CONFLICT` and is simply looked at again on the next tick.
 //!
 //! Each controller has a `tick()` that does one pass and returns a report; [`spawn`] runs
-//! them all every `liveness.tick_interval_secs` until stopped. Tests leave the loop off and
+//! them all every `liveness.tick_interval_secs` until stopped (the Power controller, whose
+//! passes wait on BMCs, on a task of its own with the same period), on one server of the
+//! deployment at a time: the holder of the controllers' lease ([`leadership`]). Tests leave the loop off and
 //! call `tick()` themselves with a `ManualClock`.
 
 pub mod commands;
 pub mod drain;
+pub mod leadership;
 pub mod lifecycle;
 pub mod liveness;
+pub mod placement;
+pub mod power;
+pub mod remediation;
+pub mod workflow;
 
 use bc_core::Actor;
 use bc_core::ids::NodeId;
@@ -25,8 +33,13 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 pub use commands::{CommandTimingController, CommandTimingReport};
 pub use drain::{DrainController, DrainReport};
+pub use leadership::Leadership;
 pub use lifecycle::{LifecycleController, LifecycleReport};
 pub use liveness::{LivenessController, LivenessReport};
+pub use placement::{PlacementController, PlacementTickReport};
+pub use power::{PowerController, PowerReport};
+pub use remediation::{RemediationController, RemediationReport};
+pub use workflow::{WorkflowController, WorkflowReport};
 
 use crate::config::LivenessConfig;
 use crate::error::ApiError;
@@ -85,16 +98,54 @@ where
 pub struct ControllerLoop {
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<()>,
+    /// The Power and Workflow controllers' loop: the same period, on a task of its own,
+    /// because their passes wait on BMCs (seconds, at worst a request timeout) and must not
+    /// delay Liveness.
+    power_stop: Option<oneshot::Sender<()>>,
+    power_task: JoinHandle<()>,
 }
 
 /// Starts the loop. The first pass runs one `tick_interval` after start, not at once: the
-/// server has just started and its gateway's daemons are still reconnecting.
+/// server has just started and its gateway's daemons are still reconnecting. Each tick runs
+/// only on the server that holds the controllers' lease ([`leadership`]).
 pub fn spawn(services: Services, config: LivenessConfig) -> ControllerLoop {
     let period = config.tick_interval();
+    let leadership = Leadership::new(services.clone(), period);
+    let power_leads = leadership.leading();
     let mut liveness = LivenessController::new(services.clone(), config);
     let mut drain = DrainController::new(services.clone());
     let mut commands = CommandTimingController::new(services.clone());
-    let mut lifecycle = LifecycleController::new(services);
+    let mut placement = PlacementController::new(services.clone());
+    let mut remediation = RemediationController::new(services.clone());
+    let mut lifecycle = LifecycleController::new(services.clone());
+    let mut workflows = WorkflowController::new(services.clone());
+    let mut power = PowerController::new(services);
+    let (power_stop, mut power_stopped) = oneshot::channel::<()>();
+    let power_task = tokio::spawn(async move {
+        let mut ticks = tokio::time::interval_at(Instant::now() + period, period);
+        ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = &mut power_stopped => break,
+                _ = ticks.tick() => {
+                    // The main loop keeps the lease; this one follows its verdict.
+                    if !power_leads.load(std::sync::atomic::Ordering::Relaxed) {
+                        continue;
+                    }
+                    match power.tick().await {
+                        Ok(report) if !report.is_quiet() => tracing::info!(?report, "power tick"),
+                        Ok(_) => {}
+                        Err(err) => tracing::warn!(code = err.code(), reason = %err.message(), "power tick failed"),
+                    }
+                    match workflows.tick().await {
+                        Ok(report) if !report.is_quiet() => tracing::info!(?report, "workflow tick"),
+                        Ok(_) => {}
+                        Err(err) => tracing::warn!(code = err.code(), reason = %err.message(), "workflow tick failed"),
+                    }
+                }
+            }
+        }
+    });
     let (stop, mut stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(async move {
         let mut ticks = tokio::time::interval_at(Instant::now() + period, period);
@@ -105,22 +156,38 @@ pub fn spawn(services: Services, config: LivenessConfig) -> ControllerLoop {
             tokio::select! {
                 // Stopped, or the handle was dropped: either way, no further ticks. A pass
                 // under way always finishes first, since this is only polled between them.
-                _ = &mut stopped => break,
+                _ = &mut stopped => {
+                    leadership.resign().await;
+                    break;
+                }
                 _ = ticks.tick() => {
+                    if !leadership.check().await {
+                        continue;
+                    }
                     match liveness.tick().await {
                         Ok(report) if !report.is_quiet() => tracing::info!(?report, "liveness tick"),
                         Ok(_) => {}
                         Err(err) => tracing::warn!(error = ?err, "liveness tick failed"),
                     }
                     match drain.tick().await {
-                        Ok(report) if report.finished > 0 => tracing::info!(?report, "drain deadline tick"),
+                        Ok(report) if report.finished + report.drained > 0 => tracing::info!(?report, "drain tick"),
                         Ok(_) => {}
-                        Err(err) => tracing::warn!(error = ?err, "drain deadline tick failed"),
+                        Err(err) => tracing::warn!(error = ?err, "drain tick failed"),
+                    }
+                    match placement.tick().await {
+                        Ok(report) if report != PlacementTickReport::default() => tracing::info!(?report, "placement tick"),
+                        Ok(_) => {}
+                        Err(err) => tracing::warn!(code = err.code(), reason = %err.message(), "placement tick failed"),
                     }
                     match lifecycle.tick().await {
                         Ok(report) if report != LifecycleReport::default() => tracing::info!(?report, "lifecycle tick"),
                         Ok(_) => {}
                         Err(err) => tracing::warn!(code = err.code(), reason = %err.message(), "lifecycle tick failed"),
+                    }
+                    match remediation.tick().await {
+                        Ok(report) if !report.is_quiet() => tracing::info!(?report, "remediation tick"),
+                        Ok(_) => {}
+                        Err(err) => tracing::warn!(code = err.code(), reason = %err.message(), "remediation tick failed"),
                     }
                     match commands.tick().await {
                         Ok(report) if report != CommandTimingReport::default() => tracing::info!(?report, "command timing tick"),
@@ -134,17 +201,24 @@ pub fn spawn(services: Services, config: LivenessConfig) -> ControllerLoop {
     ControllerLoop {
         stop: Some(stop),
         task,
+        power_stop: Some(power_stop),
+        power_task,
     }
 }
 
 impl ControllerLoop {
     /// Stops the loop after the pass under way (if any) and waits for it.
     pub async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
+        for stop in [self.stop.take(), self.power_stop.take()]
+            .into_iter()
+            .flatten()
+        {
             let _ = stop.send(());
         }
-        if let Err(err) = (&mut self.task).await {
-            tracing::warn!(error = %err, "the controller loop ended abnormally");
+        for task in [&mut self.task, &mut self.power_task] {
+            if let Err(err) = task.await {
+                tracing::warn!(error = %err, "a controller loop ended abnormally");
+            }
         }
     }
 }

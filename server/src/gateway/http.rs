@@ -57,24 +57,29 @@ async fn json_body<T: serde::de::DeserializeOwned>(
     }
 }
 
-/// An error answer: the same codes as the GraphQL API, with an HTTP status.
+/// An error answer: the same codes as the GraphQL API, with an HTTP status, and a message
+/// held to the same rule as the API's (it never repeats a large value from the request:
+/// serde quotes whole strings of the wrong type, the hostname check quotes the hostname).
 fn error(err: ApiError) -> Response {
     let status = match &err {
         ApiError::BadUserInput(_) | ApiError::InvalidField { .. } => StatusCode::BAD_REQUEST,
         ApiError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
-        ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
-        ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+        ApiError::Forbidden(_) | ApiError::ReservedLabel { .. } => StatusCode::FORBIDDEN,
+        ApiError::NotFound(_) | ApiError::HistoryNotRecorded { .. } => StatusCode::NOT_FOUND,
         ApiError::Conflict { .. }
         | ApiError::InvalidState { .. }
         | ApiError::ResumeRequired { .. } => StatusCode::CONFLICT,
+        ApiError::Bmc { .. } => StatusCode::BAD_GATEWAY,
         ApiError::Internal(source) => {
             tracing::error!(error = ?source, "internal error in the gateway");
             StatusCode::INTERNAL_SERVER_ERROR
         }
     };
+    let mut message = err.message();
+    crate::graphql::input_limits::bound_message(&mut message);
     let body = ErrorBody {
         code: err.code().to_owned(),
-        message: err.message(),
+        message,
     };
     (status, Json(body)).into_response()
 }

@@ -44,10 +44,28 @@ pub const MAX_LABEL_VALUE_BYTES: usize = MAX_LABEL_PART_LEN;
 pub const MAX_REASON_KEY_BYTES: usize = "taint:".len() + MAX_LABEL_KEY_BYTES;
 /// A pool's expected GPU model.
 pub const MAX_GPU_MODEL_BYTES: usize = 100;
-/// An event type in the `events` subscription's filter.
-pub const MAX_EVENT_TYPE_BYTES: usize = 64;
+/// A pool's expected driver version (the domain's rule).
+pub const MAX_DRIVER_VERSION_BYTES: usize = bc_core::catalog::MAX_DRIVER_VERSION_LEN;
+/// An actor in an event filter (`user:<subject>`, `controller:<name>`, …).
+pub const MAX_ACTOR_BYTES: usize = 256;
 /// Any id or cursor (`node_…`, `evt_…`): a prefix and at most 64 characters.
 pub const MAX_ID_BYTES: usize = 80;
+/// A machine identifier's name at enrolment (`mac:<interface>` is the longest).
+pub const MAX_IDENTIFIER_NAME_BYTES: usize = 64;
+/// A machine identifier's value (a serial, a UUID, a MAC, a TPM endorsement key's hash).
+pub const MAX_IDENTIFIER_VALUE_BYTES: usize = 256;
+/// A condition's type (the domain's limit).
+pub const MAX_CONDITION_TYPE_BYTES: usize = 63;
+/// A BMC's address (`https://host[:port]`).
+pub const MAX_BMC_ADDRESS_BYTES: usize = crate::bmc::MAX_ADDRESS_BYTES;
+/// A Redfish system id.
+pub const MAX_BMC_SYSTEM_ID_BYTES: usize = 128;
+/// A BMC user name.
+pub const MAX_BMC_USERNAME_BYTES: usize = 256;
+/// A BMC password.
+pub const MAX_BMC_PASSWORD_BYTES: usize = 1024;
+/// A CA certificate bundle (PEM) for a BMC: a handful of certificates.
+pub const MAX_CA_CERTIFICATE_BYTES: usize = 64 * 1024;
 /// A command's `params`, serialised as JSON.
 pub const MAX_PARAMS_BYTES: usize = 16 * 1024;
 /// How deep a command's `params` may nest (objects and arrays).
@@ -63,8 +81,14 @@ pub const MAX_COMMAND_NODE_IDS: usize = crate::service::commands::MAX_COMMAND_TA
 pub const MAX_LABELS_PER_CHANGE: usize = 100;
 /// Driver bindings of one pool.
 pub const MAX_DRIVERS: usize = 16;
-/// Event types in the `events` subscription's filter.
+/// Identifiers one `enrollNode` gives (a machine's serials and UUID, and its MACs).
+pub const MAX_IDENTIFIERS: usize = 64;
+/// Event types in an event filter (there are fewer than 100 types).
 pub const MAX_EVENT_TYPES: usize = 100;
+/// Rules of one remediation policy (one per remediated condition).
+pub const MAX_REMEDIATION_RULES: usize = 8;
+/// Checks of one acceptance policy: each kind at most once.
+pub const MAX_ACCEPTANCE_CHECKS: usize = bc_core::acceptance::AcceptanceCheckKind::ALL.len();
 
 // Numbers. -----------------------------------------------------------------------------------
 
@@ -81,6 +105,16 @@ pub const COMMAND_TIMEOUT_SECONDS: RangeInclusive<i64> =
 /// `sendCommand.expiresInSeconds`: up to 30 days in the queue.
 pub const COMMAND_TTL_SECONDS: RangeInclusive<i64> =
     1..=bc_core::command::MAX_QUEUE_TTL.num_seconds();
+/// A remediation step's tries.
+pub const REMEDIATION_ATTEMPTS: RangeInclusive<i64> = 1..=bc_core::remediation::MAX_ATTEMPTS as i64;
+/// A remediation step's backoff: up to a day.
+pub const REMEDIATION_BACKOFF_SECONDS: RangeInclusive<i64> =
+    0..=bc_core::remediation::MAX_BACKOFF_SECS as i64;
+/// The `diag.nvml` level that verifies a remediation step.
+pub const REMEDIATION_VERIFY_LEVEL: RangeInclusive<i64> = 1..=3;
+/// An acceptance check's `diag.nvml` level.
+pub const ACCEPTANCE_DIAG_LEVEL: RangeInclusive<i64> =
+    1..=bc_core::acceptance::MAX_DIAG_LEVEL as i64;
 /// `createPool.expectedGpuCount`.
 pub const EXPECTED_GPU_COUNT: RangeInclusive<i64> = 0..=1024;
 /// Timestamps (`notBefore`, drain `deadline`): from 1970 to 9999, which both databases hold
@@ -119,10 +153,28 @@ pub enum Text {
     ReasonFilter,
     /// A pool's expected GPU model.
     GpuModel,
-    /// An event type in a filter.
-    EventType,
+    /// A pool's expected driver version.
+    DriverVersion,
+    /// An actor in an event filter.
+    Actor,
     /// An id or a cursor; its syntax is checked where it is parsed.
     Id,
+    /// A machine identifier's name (`system-uuid`, `mac:eth0`, …).
+    IdentifierName,
+    /// A machine identifier's value.
+    IdentifierValue,
+    /// A condition's type (`GpuNeedsReset`: PascalCase).
+    ConditionType,
+    /// A BMC's address.
+    BmcAddress,
+    /// A Redfish system id.
+    BmcSystemId,
+    /// A BMC user name.
+    BmcUsername,
+    /// A BMC password (any printable text).
+    BmcPassword,
+    /// A CA certificate bundle (PEM: line breaks allowed).
+    CaCertificate,
 }
 
 impl Text {
@@ -136,15 +188,24 @@ impl Text {
             Text::LabelValue | Text::LabelValueFilter => MAX_LABEL_VALUE_BYTES,
             Text::ReasonFilter => MAX_REASON_KEY_BYTES,
             Text::GpuModel => MAX_GPU_MODEL_BYTES,
-            Text::EventType => MAX_EVENT_TYPE_BYTES,
+            Text::DriverVersion => MAX_DRIVER_VERSION_BYTES,
+            Text::Actor => MAX_ACTOR_BYTES,
             Text::Id => MAX_ID_BYTES,
+            Text::IdentifierName => MAX_IDENTIFIER_NAME_BYTES,
+            Text::IdentifierValue => MAX_IDENTIFIER_VALUE_BYTES,
+            Text::ConditionType => MAX_CONDITION_TYPE_BYTES,
+            Text::BmcAddress => MAX_BMC_ADDRESS_BYTES,
+            Text::BmcSystemId => MAX_BMC_SYSTEM_ID_BYTES,
+            Text::BmcUsername => MAX_BMC_USERNAME_BYTES,
+            Text::BmcPassword => MAX_BMC_PASSWORD_BYTES,
+            Text::CaCertificate => MAX_CA_CERTIFICATE_BYTES,
         }
     }
 
     /// Free text may hold tabs and line breaks; nothing may hold other control characters
     /// (PostgreSQL stores no NUL in text or jsonb at all).
     const fn free_text(self) -> bool {
-        matches!(self, Text::Reason | Text::Description)
+        matches!(self, Text::Reason | Text::Description | Text::CaCertificate)
     }
 
     /// The domain's own rule for this kind of string, if it has one.
@@ -155,6 +216,15 @@ impl Text {
             Text::Hostname => bc_core::node::validate_hostname(value),
             Text::LabelKey => bc_core::node::validate_label_key(value),
             Text::LabelValue => bc_core::node::validate_label_value(value),
+            Text::IdentifierName => bc_core::hardware::validate_identifier_name(value),
+            Text::DriverVersion => bc_core::catalog::validate_driver_version(value),
+            Text::ConditionType if !bc_core::reason::is_condition_type(value) => {
+                return Err("is not a condition type (PascalCase letters and digits)".into());
+            }
+            Text::BmcSystemId => {
+                return crate::bmc::validate_system_id(value);
+            }
+            Text::BmcUsername if value.is_empty() => return Err("must not be empty".into()),
             _ => Ok(()),
         };
         domain.map_err(|err| match self {
@@ -751,6 +821,13 @@ mod tests {
         for (file, source) in sources {
             for (n, line) in source.lines().enumerate() {
                 let line = line.trim();
+                // An argument may carry its description on the same line.
+                let line = match line.strip_prefix("#[") {
+                    Some(rest) => rest
+                        .split_once(")] ")
+                        .map_or(line, |(_, argument)| argument),
+                    None => line,
+                };
                 let argument = line
                     .strip_suffix(',')
                     .and_then(|l| l.split_once(": "))

@@ -581,12 +581,14 @@ mod figures {
 
     #[test]
     fn the_dashboards_operations_fit_the_defaults_with_room_to_grow() {
-        // Every operation at once: each alone measures less.
+        // Every operation at once: each alone (one request) measures far less. Fields have
+        // room to double: the node page's fields are read twice, for the node now and as it
+        // was (`nodeAsOf`, issue 15), so the document as a whole is the bigger measure.
         let operations = include_str!("../../../web/graphql/operations.graphql");
         let m = measure_text(operations, &shape());
         let config = GraphqlConfig::default();
         eprintln!("{} bytes: {m:?}", operations.len());
-        assert!(m.fields * 4 <= config.max_fields as u64);
+        assert!(m.fields * 2 <= config.max_fields as u64);
         assert!(m.spreads * 4 <= config.max_fragment_spreads as u64);
         assert!(m.aliases * 4 <= config.max_aliases as u64);
         assert!(m.depth * 2 <= config.max_depth as u64);

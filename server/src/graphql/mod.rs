@@ -3,10 +3,13 @@
 //! Resolvers parse input, call one service function, and convert the result; errors are
 //! [`crate::error::ApiError`]s with stable `extensions.code`s.
 
+pub mod bare_metal;
 pub mod input_limits;
 pub mod inputs;
 pub mod limits;
 pub mod mutation;
+pub mod payloads;
+pub mod placement;
 pub mod query;
 pub mod subscription;
 pub mod types;
@@ -19,8 +22,36 @@ use crate::config::GraphqlConfig;
 use crate::error::ApiError;
 use crate::service::Services;
 
-pub type AppSchema =
-    Schema<query::QueryRoot, mutation::MutationRoot, subscription::SubscriptionRoot>;
+pub type AppSchema = Schema<QueryRoot, MutationRoot, SubscriptionRoot>;
+
+/// The query root: nodes, catalog and commands ([`query`]), placement ([`placement`]) and
+/// bare metal ([`bare_metal`]).
+#[derive(async_graphql::MergedObject)]
+#[graphql(name = "Query")]
+pub struct QueryRoot(
+    query::QueryRoot,
+    placement::PlacementQuery,
+    bare_metal::BareMetalQuery,
+);
+
+/// The mutation root: node, catalog and command changes ([`mutation`]), placement's and
+/// bare metal's.
+#[derive(async_graphql::MergedObject)]
+#[graphql(name = "Mutation")]
+pub struct MutationRoot(
+    mutation::MutationRoot,
+    placement::PlacementMutation,
+    bare_metal::BareMetalMutation,
+);
+
+/// The subscription root: the event log, nodes and commands ([`subscription`]) and
+/// placement's.
+#[derive(async_graphql::MergedSubscription)]
+#[graphql(name = "Subscription")]
+pub struct SubscriptionRoot(
+    subscription::SubscriptionRoot,
+    placement::PlacementSubscription,
+);
 
 /// The schema with its limits and the services it resolves against.
 pub fn build_schema(
@@ -33,15 +64,22 @@ pub fn build_schema(
 fn schema_builder(
     services: Option<(Services, Arc<crate::feed::Feed>)>,
     config: &GraphqlConfig,
-) -> async_graphql::SchemaBuilder<
-    query::QueryRoot,
-    mutation::MutationRoot,
-    subscription::SubscriptionRoot,
-> {
+) -> async_graphql::SchemaBuilder<QueryRoot, MutationRoot, SubscriptionRoot> {
     let mut builder = Schema::build(
-        query::QueryRoot,
-        mutation::MutationRoot,
-        subscription::SubscriptionRoot,
+        QueryRoot(
+            query::QueryRoot,
+            placement::PlacementQuery,
+            bare_metal::BareMetalQuery,
+        ),
+        MutationRoot(
+            mutation::MutationRoot,
+            placement::PlacementMutation,
+            bare_metal::BareMetalMutation,
+        ),
+        SubscriptionRoot(
+            subscription::SubscriptionRoot,
+            placement::PlacementSubscription,
+        ),
     )
     // `limits::QueryLimits` holds plain fields to `max_depth` and introspection to its own,
     // deeper limit before validation; this is the backstop for both.
@@ -51,10 +89,55 @@ fn schema_builder(
     .extension(crate::telemetry::GraphqlMetrics)
     .extension(ErrorCodes)
     .data(config.clone());
+    builder = describe_library_types(builder);
     if let Some((services, feed)) = services {
         builder = builder.data(services).data(feed);
     }
     builder
+}
+
+/// Descriptions for the types async-graphql defines, which it leaves undescribed (the
+/// connections) or describes in its own terms ("Implement the DateTime<Utc> scalar"). The
+/// schema documents itself for operators, and the schema linter holds every type to that.
+fn describe_library_types(
+    builder: async_graphql::SchemaBuilder<QueryRoot, MutationRoot, SubscriptionRoot>,
+) -> async_graphql::SchemaBuilder<QueryRoot, MutationRoot, SubscriptionRoot> {
+    builder
+        .override_output_type_description::<chrono::DateTime<chrono::Utc>>(
+            "A point in time: an RFC 3339 string, e.g. `2026-03-01T12:00:00Z`. The server \
+             answers in UTC; inputs may carry any offset.",
+        )
+        .override_output_type_description::<async_graphql::Json<serde_json::Value>>(
+            "Any JSON value: a command's parameters and result, an event's detail.",
+        )
+        .override_output_type_description::<query::NodeConnection>(
+            "One page of nodes, with how many match across all pages.",
+        )
+        .override_output_type_description::<types::CommandConnection>(
+            "One page of commands, newest first, with how many match across all pages.",
+        )
+        .override_output_type_description::<types::EventConnection>(
+            "One page of a node's events, newest first.",
+        )
+        .override_output_type_description::<query::TenantConnection>(
+            "One page of tenants by name, with how many there are across all pages.",
+        )
+        .override_output_type_description::<query::SiteConnection>(
+            "One page of sites by name, with how many there are across all pages.",
+        )
+        .override_output_type_description::<query::PoolConnection>(
+            "One page of pools by name, with how many match across all pages.",
+        )
+        .override_output_type_description::<query::PoolCapacityConnection>(
+            "One page of pools' capacity, pools by name, with how many pools match across all \
+             pages.",
+        )
+        .override_output_type_description::<query::JoinTokenConnection>(
+            "One page of join tokens, newest first, with how many there are across all pages.",
+        )
+        .override_output_type_description::<placement::ReservationConnection>(
+            "One page of reservations, newest first, with how many match across all pages.",
+        )
 }
 
 /// The SDL of the schema: what `schema.graphql` holds.

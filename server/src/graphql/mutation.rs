@@ -1,62 +1,105 @@
-//! Mutations. Each one that changes a node takes the `version` the caller read.
+//! Mutations. Each takes one `input` (checked in `input_limits.rs`) and answers a payload
+//! object of its own (`payloads.rs`); each that changes a node takes the `version` the caller
+//! read.
 
-use async_graphql::{Context, ID, Object};
+use async_graphql::{Context, ID, MaybeUndefined, Object};
 use bc_core::catalog::HardwareProfile;
 use bc_core::ids::{CommandId, JoinTokenId, NodeId, PoolId, SiteId, TenantId};
 use bc_core::provision::ProvisionMove;
 use std::collections::BTreeMap;
 
-use super::input_limits::{Field, Text, Validated, seconds};
+use super::input_limits::{Validated, seconds};
 use super::inputs::{
-    CordonNodeInput, CreateJoinTokenInput, CreatePoolInput, CreateSiteInput, DrainNodeInput,
-    EnrollNodeInput, LabelNodeInput, NodeVersionInput, ReasonedNodeInput, SendCommandInput,
-    TaintNodeInput, TransitionNodeInput, UntaintNodeInput,
+    AdoptNodeInput, CancelCommandInput, ClearNodeConditionInput, CordonNodeInput,
+    CreateJoinTokenInput, CreatePoolInput, CreateSiteInput, CreateTenantInput, DeleteNodeInput,
+    DrainNodeInput, EnrollNodeInput, LabelNodeInput, RetireNodeInput, RevokeJoinTokenInput,
+    RevokeNodeIdentityInput, SendCommandInput, TaintNodeInput, TransitionNodeInput,
+    UncordonNodeInput, UntaintNodeInput, UpdatePoolInput,
 };
-use super::types::{Command, CreatedJoinToken, JoinToken, NodeDetail, Pool, Site, Tenant};
+use super::payloads::{
+    AdoptNodePayload, CancelCommandPayload, ClearNodeConditionPayload, CordonNodePayload,
+    CreateJoinTokenPayload, CreatePoolPayload, CreateSitePayload, CreateTenantPayload,
+    DeleteNodePayload, DrainNodePayload, EnrollNodePayload, LabelNodePayload, RetireNodePayload,
+    RevokeJoinTokenPayload, RevokeNodeIdentityPayload, SendCommandPayload, TaintNodePayload,
+    TransitionNodePayload, UncordonNodePayload, UntaintNodePayload, UpdatePoolPayload,
+};
+use super::types::{Command, NodeDetail};
 use super::{parse_id, principal, services};
 use crate::error::ApiError;
-use crate::service::catalog::NewPool;
+use crate::service::catalog::{NewPool, PoolUpdate};
 use crate::service::join::NewJoinToken;
 
+/// The `Mutation` root (named so in the schema, as clients and tools expect).
 pub struct MutationRoot;
 
 fn node_id(id: &ID) -> Result<NodeId, ApiError> {
     parse_id(id, NodeId::parse)
 }
 
-#[Object]
+// Merged into the schema's `Mutation` root (graphql/mod.rs), so its own name must differ.
+#[Object(name = "NodeMutationRoot")]
 impl MutationRoot {
     /// No new work lands on the node. Already cordoned: nothing changes.
     async fn cordon_node(
         &self,
         ctx: &Context<'_>,
-        input: Validated<CordonNodeInput>,
-    ) -> async_graphql::Result<NodeDetail> {
+        #[graphql(desc = "The node, the version you read, and why.")] input: Validated<
+            CordonNodeInput,
+        >,
+    ) -> async_graphql::Result<CordonNodePayload> {
         let input = input.check("input")?;
-        let s = services(ctx)?;
-        Ok(NodeDetail(
-            s.cordon_node(
+        let node = services(ctx)?
+            .cordon_node(
                 principal(ctx)?,
                 &node_id(&input.id)?,
                 input.version,
                 &input.reason,
             )
-            .await?,
-        ))
+            .await?;
+        Ok(CordonNodePayload {
+            node: NodeDetail(node),
+        })
+    }
+
+    /// Clears a `TRUE` condition by hand, with a reason of your own (kept on the condition
+    /// and in its event, with you as the actor): for a condition whose proof cannot come
+    /// (the GPU was replaced, the evidence was wrong). Clearing `GpuNeedsPerson` also ends
+    /// the maintenance that remediation turned on when it gave up. A condition that is not
+    /// `TRUE`, or a blank reason, is `BAD_USER_INPUT`.
+    async fn clear_node_condition(
+        &self,
+        ctx: &Context<'_>,
+        #[graphql(desc = "The node, the version you read, the condition's type, and why.")]
+        input: Validated<ClearNodeConditionInput>,
+    ) -> async_graphql::Result<ClearNodeConditionPayload> {
+        let input = input.check("input")?;
+        let node = services(ctx)?
+            .clear_node_condition(
+                principal(ctx)?,
+                &node_id(&input.id)?,
+                input.version,
+                &input.kind,
+                &input.reason,
+            )
+            .await?;
+        Ok(ClearNodeConditionPayload {
+            node: NodeDetail(node),
+        })
     }
 
     /// Lifts a cordon, and ends a drain under way.
     async fn uncordon_node(
         &self,
         ctx: &Context<'_>,
-        input: Validated<NodeVersionInput>,
-    ) -> async_graphql::Result<NodeDetail> {
+        #[graphql(desc = "The node and the version you read.")] input: Validated<UncordonNodeInput>,
+    ) -> async_graphql::Result<UncordonNodePayload> {
         let input = input.check("input")?;
-        let s = services(ctx)?;
-        Ok(NodeDetail(
-            s.uncordon_node(principal(ctx)?, &node_id(&input.id)?, input.version)
-                .await?,
-        ))
+        let node = services(ctx)?
+            .uncordon_node(principal(ctx)?, &node_id(&input.id)?, input.version)
+            .await?;
+        Ok(UncordonNodePayload {
+            node: NodeDetail(node),
+        })
     }
 
     /// Cordons the node and keeps `draining` in `noScheduleReasons` until its allocations are
@@ -64,72 +107,78 @@ impl MutationRoot {
     async fn drain_node(
         &self,
         ctx: &Context<'_>,
+        #[graphql(desc = "The node, the version you read, why, and an optional deadline.")]
         input: Validated<DrainNodeInput>,
-    ) -> async_graphql::Result<NodeDetail> {
+    ) -> async_graphql::Result<DrainNodePayload> {
         let input = input.check("input")?;
-        let s = services(ctx)?;
-        let id = node_id(&input.id)?;
-        Ok(NodeDetail(
-            s.drain_node(
+        let node = services(ctx)?
+            .drain_node(
                 principal(ctx)?,
-                &id,
+                &node_id(&input.id)?,
                 input.version,
                 &input.reason,
                 input.deadline.map(|d| d.value()).transpose()?,
             )
-            .await?,
-        ))
+            .await?;
+        Ok(DrainNodePayload {
+            node: NodeDetail(node),
+        })
     }
 
     /// Adds or replaces a taint; a `NO_SCHEDULE` taint adds `taint:<key>` to `noScheduleReasons`.
     async fn taint_node(
         &self,
         ctx: &Context<'_>,
-        input: Validated<TaintNodeInput>,
-    ) -> async_graphql::Result<NodeDetail> {
+        #[graphql(desc = "The node, the version you read, and the taint.")] input: Validated<
+            TaintNodeInput,
+        >,
+    ) -> async_graphql::Result<TaintNodePayload> {
         let input = input.check("input")?;
-        let s = services(ctx)?;
-        let id = node_id(&input.id)?;
-        let p = principal(ctx)?;
-        Ok(NodeDetail(
-            s.taint_node(
-                p,
-                &id,
+        let node = services(ctx)?
+            .taint_node(
+                principal(ctx)?,
+                &node_id(&input.id)?,
                 input.version,
                 &input.key,
                 &input.value,
                 input.effect.into(),
             )
-            .await?,
-        ))
+            .await?;
+        Ok(TaintNodePayload {
+            node: NodeDetail(node),
+        })
     }
 
+    /// Removes a taint; a `NO_SCHEDULE` one takes `taint:<key>` out of `noScheduleReasons`.
     async fn untaint_node(
         &self,
         ctx: &Context<'_>,
-        input: Validated<UntaintNodeInput>,
-    ) -> async_graphql::Result<NodeDetail> {
+        #[graphql(desc = "The node, the version you read, and the taint's key.")] input: Validated<
+            UntaintNodeInput,
+        >,
+    ) -> async_graphql::Result<UntaintNodePayload> {
         let input = input.check("input")?;
-        let s = services(ctx)?;
-        Ok(NodeDetail(
-            s.untaint_node(
+        let node = services(ctx)?
+            .untaint_node(
                 principal(ctx)?,
                 &node_id(&input.id)?,
                 input.version,
                 &input.key,
             )
-            .await?,
-        ))
+            .await?;
+        Ok(UntaintNodePayload {
+            node: NodeDetail(node),
+        })
     }
 
     /// Sets and removes labels in one change.
     async fn label_node(
         &self,
         ctx: &Context<'_>,
+        #[graphql(desc = "The node, the version you read, labels to set and keys to remove.")]
         input: Validated<LabelNodeInput>,
-    ) -> async_graphql::Result<NodeDetail> {
+    ) -> async_graphql::Result<LabelNodePayload> {
         let input = input.check("input")?;
-        let s = services(ctx)?;
         let id = node_id(&input.id)?;
         let mut set = BTreeMap::new();
         for label in input.set {
@@ -139,124 +188,149 @@ impl MutationRoot {
                 );
             }
         }
-        Ok(NodeDetail(
-            s.label_node(principal(ctx)?, &id, input.version, &set, &input.remove)
-                .await?,
-        ))
+        let node = services(ctx)?
+            .label_node(principal(ctx)?, &id, input.version, &set, &input.remove)
+            .await?;
+        Ok(LabelNodePayload {
+            node: NodeDetail(node),
+        })
     }
 
     /// `adopting` → `adopted` (`nodes.adopt`).
     async fn adopt_node(
         &self,
         ctx: &Context<'_>,
-        input: Validated<NodeVersionInput>,
-    ) -> async_graphql::Result<NodeDetail> {
+        #[graphql(desc = "The node and the version you read.")] input: Validated<AdoptNodeInput>,
+    ) -> async_graphql::Result<AdoptNodePayload> {
         let input = input.check("input")?;
-        let s = services(ctx)?;
-        let id = node_id(&input.id)?;
-        Ok(NodeDetail(
-            s.move_node(
+        let node = services(ctx)?
+            .move_node(
                 principal(ctx)?,
-                &id,
+                &node_id(&input.id)?,
                 input.version,
                 ProvisionMove::Adopt,
                 None,
             )
-            .await?,
-        ))
+            .await?;
+        Ok(AdoptNodePayload {
+            node: NodeDetail(node),
+        })
     }
 
     /// Starts retirement: `adopted`, `ready` or `failed` → `retiring`.
     async fn retire_node(
         &self,
         ctx: &Context<'_>,
-        input: Validated<ReasonedNodeInput>,
-    ) -> async_graphql::Result<NodeDetail> {
+        #[graphql(desc = "The node, the version you read, and why.")] input: Validated<
+            RetireNodeInput,
+        >,
+    ) -> async_graphql::Result<RetireNodePayload> {
         let input = input.check("input")?;
-        let s = services(ctx)?;
-        let id = node_id(&input.id)?;
-        let p = principal(ctx)?;
-        Ok(NodeDetail(
-            s.move_node(
-                p,
-                &id,
+        let node = services(ctx)?
+            .move_node(
+                principal(ctx)?,
+                &node_id(&input.id)?,
                 input.version,
                 ProvisionMove::Retire,
                 Some(&input.reason),
             )
-            .await?,
-        ))
+            .await?;
+        Ok(RetireNodePayload {
+            node: NodeDetail(node),
+        })
     }
 
     /// Any move of `provisionStateTable`, including the bare-metal workflow moves.
     async fn transition_node(
         &self,
         ctx: &Context<'_>,
+        #[graphql(desc = "The node, the version you read, the move, and an optional reason.")]
         input: Validated<TransitionNodeInput>,
-    ) -> async_graphql::Result<NodeDetail> {
+    ) -> async_graphql::Result<TransitionNodePayload> {
         let input = input.check("input")?;
-        let s = services(ctx)?;
-        let id = node_id(&input.id)?;
-        let p = principal(ctx)?;
-        Ok(NodeDetail(
-            s.move_node(
-                p,
-                &id,
+        let node = services(ctx)?
+            .move_node(
+                principal(ctx)?,
+                &node_id(&input.id)?,
                 input.version,
                 input.action.into(),
                 input.reason.as_deref(),
             )
-            .await?,
-        ))
+            .await?;
+        Ok(TransitionNodePayload {
+            node: NodeDetail(node),
+        })
     }
 
     /// Bumps `identityGeneration`: every certificate issued before stops working.
     async fn revoke_node_identity(
         &self,
         ctx: &Context<'_>,
-        input: Validated<ReasonedNodeInput>,
-    ) -> async_graphql::Result<NodeDetail> {
+        #[graphql(desc = "The node, the version you read, and why.")] input: Validated<
+            RevokeNodeIdentityInput,
+        >,
+    ) -> async_graphql::Result<RevokeNodeIdentityPayload> {
         let input = input.check("input")?;
-        let s = services(ctx)?;
-        let id = node_id(&input.id)?;
-        Ok(NodeDetail(
-            s.revoke_node_identity(principal(ctx)?, &id, input.version, &input.reason)
-                .await?,
-        ))
+        let node = services(ctx)?
+            .revoke_node_identity(
+                principal(ctx)?,
+                &node_id(&input.id)?,
+                input.version,
+                &input.reason,
+            )
+            .await?;
+        Ok(RevokeNodeIdentityPayload {
+            node: NodeDetail(node),
+        })
     }
 
     /// Deletes a node in `adopting`, `enrolling`, `failed` or `retired`. Its history stays.
     async fn delete_node(
         &self,
         ctx: &Context<'_>,
-        input: Validated<NodeVersionInput>,
-    ) -> async_graphql::Result<NodeDetail> {
+        #[graphql(desc = "The node and the version you read.")] input: Validated<DeleteNodeInput>,
+    ) -> async_graphql::Result<DeleteNodePayload> {
         let input = input.check("input")?;
-        let s = services(ctx)?;
-        Ok(NodeDetail(
-            s.delete_node(principal(ctx)?, &node_id(&input.id)?, input.version)
-                .await?,
-        ))
+        let node = services(ctx)?
+            .delete_node(principal(ctx)?, &node_id(&input.id)?, input.version)
+            .await?;
+        Ok(DeleteNodePayload {
+            node: NodeDetail(node),
+        })
     }
 
     /// `metal.enroll`: registers a bare-metal machine, which starts `enrolling`.
     async fn enroll_node(
         &self,
         ctx: &Context<'_>,
-        input: Validated<EnrollNodeInput>,
-    ) -> async_graphql::Result<NodeDetail> {
+        #[graphql(desc = "The machine's hostname, site and pool.")] input: Validated<
+            EnrollNodeInput,
+        >,
+    ) -> async_graphql::Result<EnrollNodePayload> {
         let input = input.check("input")?;
-        let s = services(ctx)?;
         let site = parse_id(&input.site_id, SiteId::parse)?;
         let pool = input
             .pool_id
             .as_ref()
             .map(|p| parse_id(p, PoolId::parse))
             .transpose()?;
-        Ok(NodeDetail(
-            s.enroll_node(principal(ctx)?, &input.hostname, &site, pool.as_ref())
-                .await?,
-        ))
+        let identifiers: Vec<(String, String)> = input
+            .identifiers
+            .iter()
+            .map(|i| (i.name.clone(), i.value.clone()))
+            .collect();
+        let node = services(ctx)?
+            .enroll_node(
+                principal(ctx)?,
+                &input.hostname,
+                &site,
+                pool.as_ref(),
+                &identifiers,
+            )
+            .await?;
+        Ok(EnrollNodePayload {
+            node: NodeDetail(node),
+        })
     }
 
     /// Queues a command on one node or many. Destructive kinds need the nodes cordoned (or
@@ -264,10 +338,10 @@ impl MutationRoot {
     async fn send_command(
         &self,
         ctx: &Context<'_>,
+        #[graphql(desc = "The targets (ids or a filter), the kind, its parameters and timing.")]
         input: Validated<SendCommandInput>,
-    ) -> async_graphql::Result<Vec<Command>> {
+    ) -> async_graphql::Result<SendCommandPayload> {
         let input = input.check("input")?;
-        let s = services(ctx)?;
         let has_filter = input.filter.is_some();
         let mut filter = match input.filter {
             Some(filter) => super::query::node_filter(filter)?,
@@ -291,27 +365,36 @@ impl MutationRoot {
             ttl: input.expires_in_seconds.map(seconds),
             force: input.force,
         };
-        Ok(s.send_command(principal(ctx)?, filter, new)
-            .await?
-            .into_iter()
-            .map(Command)
-            .collect())
+        let commands = services(ctx)?
+            .send_command(principal(ctx)?, filter, new)
+            .await?;
+        Ok(SendCommandPayload {
+            commands: commands.into_iter().map(Command).collect(),
+        })
     }
 
     /// Cancels a queued, dispatched or running command.
-    async fn cancel_command(&self, ctx: &Context<'_>, id: ID) -> async_graphql::Result<Command> {
-        let id = parse_id(&id, CommandId::parse)?;
-        Ok(Command(
-            services(ctx)?.cancel_command(principal(ctx)?, &id).await?,
-        ))
+    async fn cancel_command(
+        &self,
+        ctx: &Context<'_>,
+        #[graphql(desc = "The command to cancel.")] input: Validated<CancelCommandInput>,
+    ) -> async_graphql::Result<CancelCommandPayload> {
+        let input = input.check("input")?;
+        let id = parse_id(&input.id, CommandId::parse)?;
+        let command = services(ctx)?.cancel_command(principal(ctx)?, &id).await?;
+        Ok(CancelCommandPayload {
+            command: Command(command),
+        })
     }
 
-    /// A join token for daemons; the secret is shown only in this answer.
+    /// A join token for daemons; the secret is shown only in this answer (platform admins
+    /// only).
     async fn create_join_token(
         &self,
         ctx: &Context<'_>,
+        #[graphql(desc = "Where joining nodes land, how long and how often the token works.")]
         input: Validated<CreateJoinTokenInput>,
-    ) -> async_graphql::Result<CreatedJoinToken> {
+    ) -> async_graphql::Result<CreateJoinTokenPayload> {
         let input = input.check("input")?;
         let s = services(ctx)?;
         let new = NewJoinToken {
@@ -326,65 +409,75 @@ impl MutationRoot {
             description: input.description,
         };
         let (token, secret) = s.create_join_token(principal(ctx)?, new).await?;
-        Ok(CreatedJoinToken {
-            token: token.into(),
+        Ok(CreateJoinTokenPayload {
+            join_token: token.into(),
             secret,
             ca_certificate_sha256: s.ca.fingerprint().to_owned(),
         })
     }
 
-    /// Revokes a join token: no further joins with it.
+    /// Revokes a join token: no further joins with it (platform admins only). Nodes that
+    /// already joined keep their identities.
     async fn revoke_join_token(
         &self,
         ctx: &Context<'_>,
-        id: ID,
-    ) -> async_graphql::Result<JoinToken> {
-        let id = parse_id(&id, JoinTokenId::parse)?;
-        Ok(services(ctx)?
+        #[graphql(desc = "The token to revoke.")] input: Validated<RevokeJoinTokenInput>,
+    ) -> async_graphql::Result<RevokeJoinTokenPayload> {
+        let input = input.check("input")?;
+        let id = parse_id(&input.id, JoinTokenId::parse)?;
+        let token = services(ctx)?
             .revoke_join_token(principal(ctx)?, &id)
-            .await?
-            .into())
+            .await?;
+        Ok(RevokeJoinTokenPayload {
+            join_token: token.into(),
+        })
     }
 
+    /// Creates a tenant (platform admins only).
     async fn create_tenant(
         &self,
         ctx: &Context<'_>,
-        name: String,
-    ) -> async_graphql::Result<Tenant> {
-        Field::argument("name").text(&name, Text::Name)?;
-        Ok(services(ctx)?
-            .create_tenant(principal(ctx)?, &name)
-            .await?
-            .into())
+        #[graphql(desc = "The tenant's name.")] input: Validated<CreateTenantInput>,
+    ) -> async_graphql::Result<CreateTenantPayload> {
+        let input = input.check("input")?;
+        let tenant = services(ctx)?
+            .create_tenant(principal(ctx)?, &input.name)
+            .await?;
+        Ok(CreateTenantPayload {
+            tenant: tenant.into(),
+        })
     }
 
+    /// Creates a site (platform admins only).
     async fn create_site(
         &self,
         ctx: &Context<'_>,
-        input: Validated<CreateSiteInput>,
-    ) -> async_graphql::Result<Site> {
+        #[graphql(desc = "The site's name, kind and owner.")] input: Validated<CreateSiteInput>,
+    ) -> async_graphql::Result<CreateSitePayload> {
         let input = input.check("input")?;
         let owner = input
             .owner_tenant_id
             .as_ref()
             .map(|t| parse_id(t, TenantId::parse))
             .transpose()?;
-        Ok(services(ctx)?
+        let site = services(ctx)?
             .create_site(
                 principal(ctx)?,
                 &input.name,
                 input.kind.into(),
                 owner.as_ref(),
             )
-            .await?
-            .into())
+            .await?;
+        Ok(CreateSitePayload { site: site.into() })
     }
 
+    /// Creates a pool in a site (platform admins only).
     async fn create_pool(
         &self,
         ctx: &Context<'_>,
+        #[graphql(desc = "The pool's site, name, kind, owner, expected hardware and drivers.")]
         input: Validated<CreatePoolInput>,
-    ) -> async_graphql::Result<Pool> {
+    ) -> async_graphql::Result<CreatePoolPayload> {
         let input = input.check("input")?;
         let gpu_count = input
             .expected_gpu_count
@@ -407,16 +500,49 @@ impl MutationRoot {
             hardware_profile: HardwareProfile {
                 gpu_count,
                 gpu_model: input.expected_gpu_model,
+                driver_version: input.expected_driver_version,
             },
             drivers: input
                 .drivers
                 .into_iter()
                 .map(|d| (d.key, d.value))
                 .collect(),
+            remediation: input.remediation.as_ref().map(|r| r.policy()),
+            acceptance: input.acceptance.as_ref().map(|a| a.policy()),
         };
-        Ok(services(ctx)?
-            .create_pool(principal(ctx)?, new)
-            .await?
-            .into())
+        let pool = services(ctx)?.create_pool(principal(ctx)?, new).await?;
+        Ok(CreatePoolPayload { pool: pool.into() })
+    }
+
+    /// Changes a pool's settings (platform admins only): its health remediation policy, its
+    /// acceptance checks and its hardware expectations (GPU count, GPU model, driver
+    /// version). New expectations are compared with every node of the pool at once.
+    async fn update_pool(
+        &self,
+        ctx: &Context<'_>,
+        #[graphql(desc = "The pool, and what to change.")] input: Validated<UpdatePoolInput>,
+    ) -> async_graphql::Result<UpdatePoolPayload> {
+        let input = input.check("input")?;
+        let id = parse_id(&input.id, PoolId::parse)?;
+        /// `MaybeUndefined` as an update: absent keeps, `null` removes, a value sets.
+        fn change<T, U>(value: MaybeUndefined<T>, map: impl FnOnce(T) -> U) -> Option<Option<U>> {
+            match value {
+                MaybeUndefined::Undefined => None,
+                MaybeUndefined::Null => Some(None),
+                MaybeUndefined::Value(v) => Some(Some(map(v))),
+            }
+        }
+        let update = PoolUpdate {
+            remediation: input.remediation.as_ref().map(|r| r.policy()),
+            acceptance: input.acceptance.as_ref().map(|a| a.policy()),
+            // The range is checked before (`EXPECTED_GPU_COUNT`), so the count is not negative.
+            gpu_count: change(input.expected_gpu_count, |c| u32::try_from(c).unwrap_or(0)),
+            gpu_model: change(input.expected_gpu_model, |m| m),
+            driver_version: change(input.expected_driver_version, |v| v),
+        };
+        let pool = services(ctx)?
+            .update_pool(principal(ctx)?, &id, update)
+            .await?;
+        Ok(UpdatePoolPayload { pool: pool.into() })
     }
 }

@@ -10,21 +10,23 @@ use chrono::{DateTime, Utc};
 use futures::{Stream, StreamExt};
 use std::sync::Arc;
 
-use super::input_limits::{Field, MAX_EVENT_TYPES, Text, Validated};
-use super::inputs::NodeFilterInput;
-use super::query::node_filter;
+use super::input_limits::{Field, Validated};
+use super::inputs::{EventFilterInput, NodeFilterInput};
+use super::query::{event_filter, node_filter};
 use super::types::{Event, NodeDetail};
-use super::{principal, services};
+use super::{page_size, parse_id, principal, services};
 use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::feed::{Feed, FeedEvent};
 use crate::service::NodeFilter;
 
+/// The `Subscription` root (named so in the schema, as clients and tools expect).
 pub struct SubscriptionRoot;
 
 /// Nodes sent per page of a `nodeChanges` snapshot.
 const SNAPSHOT_PAGE: u64 = 500;
 
+/// Whether a `NodeChange` is the node's state when the subscription started or a change.
 #[derive(Enum, Copy, Clone, Eq, PartialEq, Debug)]
 pub enum NodeChangeKind {
     /// The node's state when the subscription started (no cursor given).
@@ -36,12 +38,16 @@ pub enum NodeChangeKind {
 /// One change to one axis of a node.
 #[derive(SimpleObject)]
 pub struct AxisChange {
+    /// The event that recorded the change (`evt_…`).
     pub event_id: ID,
     /// The event type, e.g. `node.cordoned`.
     #[graphql(name = "type")]
     pub event_type: String,
+    /// The axis or field that changed (`cordoned`, `connectivity`, …).
     pub axis: Option<String>,
+    /// The value before, in its stored spelling.
     pub from: Option<String>,
+    /// The value after, in its stored spelling.
     pub to: Option<String>,
     /// Who: `user:<subject>`, `controller:<name>`, `node:<id>` or `system`.
     pub actor: String,
@@ -49,17 +55,23 @@ pub struct AxisChange {
     pub cause: Option<String>,
     /// The node's version after the change.
     pub version: Option<i64>,
+    /// When it happened.
     pub at: DateTime<Utc>,
 }
 
-/// A node's change (or, first, its current state), with the node as it is now.
+/// A node's change (or, first, its current state), with the node as it was right after the
+/// change: a replayed change carries the node of its time, rebuilt from the event log, never
+/// today's.
 #[derive(SimpleObject)]
 pub struct NodeChange {
+    /// The current state (`SNAPSHOT`) or a change (`CHANGE`).
     pub kind: NodeChangeKind,
     /// Resume from here (`after`) after a reconnect.
     pub cursor: ID,
+    /// The node as it was right after the change (for a snapshot, as it is now). A node
+    /// rebuilt from the log has no `session` (sessions are not versioned); see `nodeAsOf`.
     pub node: NodeDetail,
-    /// `null` for a snapshot.
+    /// What changed; `null` for a snapshot.
     pub change: Option<AxisChange>,
 }
 
@@ -80,12 +92,12 @@ fn axis_change(feed_event: &FeedEvent) -> AxisChange {
 
 /// Whether `principal` may see this event: the one tenancy rule, [`Principal::can_see`],
 /// applied to the event's tenant.
-fn visible(principal: &Principal, event: &FeedEvent) -> bool {
+pub(super) fn visible(principal: &Principal, event: &FeedEvent) -> bool {
     principal.can_see(event.event.tenant_id.as_ref())
 }
 
 /// Ends `stream` with `UNAUTHENTICATED` when the token expires.
-fn until_expiry<T: Send + 'static>(
+pub(super) fn until_expiry<T: Send + 'static>(
     stream: impl Stream<Item = async_graphql::Result<T>> + Send + 'static,
     expires_at: DateTime<Utc>,
 ) -> impl Stream<Item = async_graphql::Result<T>> + Send + 'static {
@@ -110,7 +122,7 @@ fn until_expiry<T: Send + 'static>(
 }
 
 /// The cursor to resume after, if the client gave one (`None`: from now).
-fn start_cursor(after: Option<&ID>) -> Result<Option<i64>, ApiError> {
+pub(super) fn start_cursor(after: Option<&ID>) -> Result<Option<i64>, ApiError> {
     after
         .map(|a| EventId::parse(a.as_str()).map(|e| e.0))
         .transpose()
@@ -172,6 +184,21 @@ async fn node_change_stream(
             match item {
                 Err(err) => { yield Err(err.into()); return; }
                 Ok(event) => {
+                    if let Some(version) = event.node_not_recorded
+                        && visible(&principal, &event)
+                    {
+                        // Written before events carried rebuild data: say so for this change
+                        // rather than show today's node, and go on.
+                        yield Err(ApiError::HistoryNotRecorded {
+                            message: format!(
+                                "event {}: version {version} of node {} was recorded before node history carried rebuild data",
+                                event.event.id,
+                                event.event.node_id.as_ref().map_or("?", |n| n.as_str()),
+                            ),
+                            version,
+                        }.into());
+                        continue;
+                    }
                     let Some(node) = &event.node else { continue };
                     if !visible(&principal, &event) || !filter.matches(node) {
                         continue;
@@ -192,40 +219,104 @@ async fn node_change_stream(
     Ok(until_expiry(stream, expires_at))
 }
 
+/// Whether a `CommandUpdate` is a command's state when the subscription started or a change.
+#[derive(Enum, Copy, Clone, Eq, PartialEq, Debug)]
+pub enum CommandUpdateKind {
+    /// The command's state when the subscription started (`current: true`): every command
+    /// still in flight (queued, dispatched or running), or the one command asked for.
+    Snapshot,
+    /// The command changed status.
+    Change,
+}
+
 /// A command changed status (queued, dispatched, running, and how it ended), with the command
-/// as it is now (result and output included).
+/// as it is now (result and output included); or, first when asked, its current state.
 #[derive(SimpleObject)]
 pub struct CommandUpdate {
+    /// The current state (`SNAPSHOT`) or a change (`CHANGE`).
+    pub kind: CommandUpdateKind,
+    /// The event of the change (`evt_…`), or for a snapshot the newest event when the
+    /// subscription started: resume from here (`after`) after a reconnect.
     pub cursor: ID,
+    /// The status before (e.g. `queued`); `null` when the command was just queued, and for a
+    /// snapshot.
     pub from: Option<String>,
+    /// The status after (e.g. `running`, `succeeded`).
     pub to: Option<String>,
+    /// When the status changed (for a snapshot, when the command last changed).
     pub at: DateTime<Utc>,
+    /// The command as it is now, result and output included.
     pub command: super::types::Command,
 }
 
-#[Subscription]
+// Merged into the schema's `SubscriptionRoot` (graphql/mod.rs), so its own name must differ.
+#[Subscription(name = "NodeSubscriptionRoot")]
 impl SubscriptionRoot {
     /// Command updates and results, for one node, one command, or every command visible.
+    /// With `current: true` (and no `after`), first the current state: every matching command
+    /// still in flight, or the one command asked for (`SNAPSHOT`), then changes from that
+    /// moment, with no gap and no duplicate.
     async fn command_updates(
         &self,
         ctx: &Context<'_>,
+        #[graphql(
+            desc = "Resume after this event (`evt_…`, a `cursor` or event id you received) without missing any; omit to start from now."
+        )]
         after: Option<ID>,
-        node_id: Option<ID>,
-        command_id: Option<ID>,
+        #[graphql(desc = "Only commands of this node.")] node_id: Option<ID>,
+        #[graphql(desc = "Only this command.")] command_id: Option<ID>,
+        #[graphql(
+            desc = "Start with the current state of the matching commands (`SNAPSHOT`): those in flight, or the one `commandId` names. Not with `after`."
+        )]
+        current: Option<bool>,
     ) -> async_graphql::Result<impl Stream<Item = async_graphql::Result<CommandUpdate>>> {
         let services = services(ctx)?.clone();
         let principal = principal(ctx)?.clone();
         let feed = ctx.data::<Arc<Feed>>()?.clone();
+        let current = current.unwrap_or(false);
+        if current && after.is_some() {
+            return Err(ApiError::BadUserInput(
+                "`current` starts from now; it cannot be combined with `after`".into(),
+            )
+            .into());
+        }
         // From now: the table's head, which the feed may not have read yet.
         let start = match start_cursor(after.as_ref())? {
             Some(start) => start,
             None => services.event_head().await?,
         };
-        let node_id = node_id.map(|n| n.to_string());
-        let command_id = command_id.map(|c| c.to_string());
+        let node = node_id
+            .as_ref()
+            .map(|n| parse_id(n, bc_core::ids::NodeId::parse))
+            .transpose()?;
+        let command = command_id
+            .as_ref()
+            .map(|c| parse_id(c, bc_core::ids::CommandId::parse))
+            .transpose()?;
+        // The snapshot is read after the head: a change landing meanwhile is in the snapshot
+        // and is delivered again as a change, so nothing is missed.
+        let snapshot = if current {
+            services
+                .commands_in_flight(&principal, node.as_ref(), command.as_ref())
+                .await?
+        } else {
+            Vec::new()
+        };
+        let node_id = node.map(|n| n.to_string());
+        let command_id = command.map(|c| c.to_string());
         let expires_at = principal.expires_at;
         let events = feed.subscribe(services.clone(), start);
         let stream = async_stream::stream! {
+            for command in snapshot {
+                yield Ok(CommandUpdate {
+                    kind: CommandUpdateKind::Snapshot,
+                    cursor: ID(EventId(start).to_string()),
+                    from: None,
+                    to: Some(command.status.to_string()),
+                    at: command.updated_at,
+                    command: super::types::Command(command),
+                });
+            }
             tokio::pin!(events);
             while let Some(item) = events.next().await {
                 let event = match item {
@@ -243,6 +334,7 @@ impl SubscriptionRoot {
                 let Some(id) = e.cause.as_deref().and_then(|c| bc_core::ids::CommandId::parse(c).ok()) else { continue };
                 match services.command(&principal, &id).await {
                     Ok(command) => yield Ok(CommandUpdate {
+                        kind: CommandUpdateKind::Change,
                         cursor: ID(e.id.to_string()),
                         from: e.from.clone(),
                         to: e.to.clone(),
@@ -256,19 +348,54 @@ impl SubscriptionRoot {
         Ok(until_expiry(stream, expires_at))
     }
 
-    /// The raw event log, from `after` (exclusive) or from now.
+    /// The event log as it grows: events matching `filter`, from `after` (exclusive) or from
+    /// now. With `last: N` (and no `after`), first the N newest matching events (oldest
+    /// first), then every new one, with no gap and no duplicate between the two.
     async fn events(
         &self,
         ctx: &Context<'_>,
+        #[graphql(
+            desc = "Resume after this event (`evt_…`, a `cursor` or event id you received) without missing any; omit to start from now."
+        )]
         after: Option<ID>,
-        #[graphql(desc = "Only these event types, e.g. `node.cordoned`.")] types: Option<
-            Vec<String>,
-        >,
+        #[graphql(
+            desc = "Only events matching this filter (the `events` query's); omit for every event visible."
+        )]
+        filter: Option<Validated<EventFilterInput>>,
+        #[graphql(
+            desc = "Only events about this node: added to `filter.nodeIds` (alone, the same as `filter: {nodeIds: [nodeId]}`)."
+        )]
         node_id: Option<ID>,
+        #[graphql(
+            desc = "Start with the newest `last` matching events already in the log (0 to `graphql.max_page_size`), oldest first, then follow. Not with `after`."
+        )]
+        last: Option<i32>,
     ) -> async_graphql::Result<impl Stream<Item = async_graphql::Result<Event>>> {
-        Field::argument("types").list_opt(types.as_deref(), MAX_EVENT_TYPES, |at, t| {
-            at.text(t, Text::EventType)
-        })?;
+        let mut filter = event_filter(
+            filter
+                .map(|f| f.check("filter"))
+                .transpose()?
+                .unwrap_or_default(),
+        )?;
+        if let Some(node_id) = &node_id {
+            Field::argument("nodeId").id(node_id)?;
+            filter
+                .node_ids
+                .push(parse_id(node_id, bc_core::ids::NodeId::parse)?);
+        }
+        let last = match last {
+            Some(_) if after.is_some() => {
+                return Err(ApiError::BadUserInput(
+                    "`last` starts from now; it cannot be combined with `after`".into(),
+                )
+                .into());
+            }
+            Some(n) => Some(page_size(ctx, Some(n)).map_err(|e| match e {
+                ApiError::BadUserInput(m) => ApiError::BadUserInput(m.replace("`first`", "`last`")),
+                other => other,
+            })?),
+            None => None,
+        };
         let services = services(ctx)?.clone();
         let principal = principal(ctx)?.clone();
         let feed = ctx.data::<Arc<Feed>>()?.clone();
@@ -277,30 +404,25 @@ impl SubscriptionRoot {
             Some(start) => start,
             None => services.event_head().await?,
         };
-        let types = types.unwrap_or_default();
-        let node_id = node_id.map(|n| n.to_string());
+        // The backlog ends at the head the live part starts after: no gap, no duplicate.
+        let backlog = match last {
+            Some(n) if n > 0 => {
+                services
+                    .recent_events(&principal, filter.clone(), start, n)
+                    .await?
+            }
+            _ => Vec::new(),
+        };
         let expires_at = principal.expires_at;
-        let stream = feed.subscribe(services, start).filter_map(move |item| {
+        let live = feed.subscribe(services, start).filter_map(move |item| {
             let out = match item {
                 Err(err) => Some(Err(err.into())),
-                Ok(event) => {
-                    let wanted = visible(&principal, &event)
-                        && (types.is_empty()
-                            || types
-                                .iter()
-                                .any(|t| t == event.event.event_type.as_static_str()))
-                        && node_id.as_ref().is_none_or(|n| {
-                            event
-                                .event
-                                .node_id
-                                .as_ref()
-                                .is_some_and(|id| id.as_str() == n.as_str())
-                        });
-                    wanted.then(|| Ok(Event(event.event.clone())))
-                }
+                Ok(event) => (visible(&principal, &event) && filter.matches(&event.event))
+                    .then(|| Ok(Event(event.event.clone()))),
             };
             futures::future::ready(out)
         });
+        let stream = futures::stream::iter(backlog.into_iter().map(|e| Ok(Event(e)))).chain(live);
         Ok(until_expiry(stream, expires_at))
     }
 
@@ -309,7 +431,11 @@ impl SubscriptionRoot {
     async fn node_changes(
         &self,
         ctx: &Context<'_>,
+        #[graphql(desc = "Only nodes matching this filter; omit for every node visible.")]
         filter: Option<Validated<NodeFilterInput>>,
+        #[graphql(
+            desc = "Resume after this `cursor` without missing a change (and without a snapshot); omit for a snapshot, then changes."
+        )]
         after: Option<ID>,
     ) -> async_graphql::Result<impl Stream<Item = async_graphql::Result<NodeChange>>> {
         node_change_stream(ctx, filter, after, None).await
@@ -320,7 +446,11 @@ impl SubscriptionRoot {
     async fn connectivity_changes(
         &self,
         ctx: &Context<'_>,
+        #[graphql(desc = "Only nodes matching this filter; omit for every node visible.")]
         filter: Option<Validated<NodeFilterInput>>,
+        #[graphql(
+            desc = "Resume after this `cursor` without missing a change (and without a snapshot); omit for a snapshot, then changes."
+        )]
         after: Option<ID>,
     ) -> async_graphql::Result<impl Stream<Item = async_graphql::Result<NodeChange>>> {
         node_change_stream(ctx, filter, after, Some(Axis::Connectivity)).await

@@ -15,18 +15,35 @@ use crate::service::Services;
 #[derive(Enum, Copy, Clone, Eq, PartialEq, Debug)]
 #[graphql(remote = "bc_core::axes::ProvisionState")]
 pub enum ProvisionState {
+    /// Joined with a join token (a server already running); acceptance (`diag.nvml`) decides
+    /// whether it becomes `ADOPTED` or `FAILED`.
     Adopting,
+    /// An existing server that passed acceptance: in service, and schedulable once the other
+    /// checks hold.
     Adopted,
+    /// A bare-metal machine registered through its BMC (`enrollNode`), not yet inspected.
     Enrolling,
+    /// The bare-metal workflow is reading the machine's hardware inventory.
     Inspecting,
+    /// The bare-metal workflow is burning the machine in and configuring it.
     Commissioning,
+    /// A commissioned bare-metal machine waiting for a deployment; takes no work yet.
     Ready,
+    /// An image is being deployed to the machine.
     Deploying,
+    /// The deployed image booted and its daemon reported in: in service, and schedulable once
+    /// the other checks hold.
     Deployed,
+    /// The deployment is being torn down and the machine wiped, on its way back to `READY`.
     Releasing,
+    /// Booted into a rescue image for repair; `UNRESCUE` returns it to `DEPLOYED`.
     Rescue,
+    /// A workflow failed: `failedFrom` says where, maintenance is on, and `RECOVER` returns the
+    /// node there.
     Failed,
+    /// Being taken out of the fleet.
     Retiring,
+    /// Out of the fleet for good; it may be deleted, and its history stays.
     Retired,
 }
 
@@ -34,9 +51,15 @@ pub enum ProvisionState {
 #[derive(Enum, Copy, Clone, Eq, PartialEq, Debug)]
 #[graphql(remote = "bc_core::axes::Connectivity")]
 pub enum Connectivity {
+    /// The daemon holds a session to a gateway and its heartbeats arrive.
     Connected,
+    /// The daemon closed its session (or the gateway did); the node is not presumed broken.
     Disconnected,
+    /// No heartbeat within `liveness.grace_secs` (40 s by default): `unreachable` joins
+    /// `noScheduleReasons`.
     Unreachable,
+    /// Unreachable for `liveness.lost_after_secs` (10 minutes by default): presumed gone until
+    /// it reconnects.
     Lost,
 }
 
@@ -44,9 +67,15 @@ pub enum Connectivity {
 #[derive(Enum, Copy, Clone, Eq, PartialEq, Debug)]
 #[graphql(remote = "bc_core::axes::Role")]
 pub enum NodeRole {
+    /// Joined a `METAL_HOST`, `VPS_HOST` or `PROVIDER` pool: its GPUs are shared capacity, and
+    /// the only role that can be schedulable.
     Host,
+    /// Joined a `METAL_DEDICATED` pool: the whole machine goes to one tenant, never to shared
+    /// placement.
     Dedicated,
+    /// A site agent (`bcd site`), which runs the site rather than workloads.
     Site,
+    /// A machine in no pool yet; takes no work.
     Unassigned,
 }
 
@@ -54,17 +83,185 @@ pub enum NodeRole {
 #[derive(Enum, Copy, Clone, Eq, PartialEq, Debug)]
 #[graphql(remote = "bc_core::axes::Trust")]
 pub enum Trust {
+    /// The platform's own machine: capacity for any pool it is in.
     Platform,
+    /// A tenant's machine on the tenant's own (`CUSTOM`) site: capacity only for that
+    /// tenant's pools.
     TenantOwned,
+    /// Under a dedicated-root lease, the lessee controls the operating system: adds no
+    /// capacity and never receives platform secrets or destructive platform commands.
     TenantControlled,
+}
+
+/// Every event type the control plane writes: one enum for the whole log. Each value is the
+/// stored spelling (`Event.type`, e.g. `node.cordoned`) in capitals with `.` as `_`
+/// (`NODE_CORDONED`); a value is never renamed, only added.
+#[derive(Enum, Copy, Clone, Eq, PartialEq, Debug)]
+#[graphql(remote = "bc_core::event::EventType")]
+pub enum EventType {
+    /// `node.joined`: JoinService admitted a new node (a node row in `adopting`).
+    NodeJoined,
+    /// `node.rejoined`: a machine whose trusted hardware key belongs to an existing node joined
+    /// again: that node was reclaimed in place and its identity replaced.
+    NodeRejoined,
+    /// `node.enrolled`: an operator enrolled a bare-metal node through its BMC (`enrollNode`).
+    NodeEnrolled,
+    /// `node.deleted`: the node was soft-deleted (`deleteNode`).
+    NodeDeleted,
+    /// `node.provision_state_changed`: `provisionState` moved along the state table (a workflow
+    /// step, `adopt`, `fail`, `recover`, …).
+    NodeProvisionStateChanged,
+    /// `node.maintenance_on`: maintenance turned on (a workflow failed).
+    NodeMaintenanceOn,
+    /// `node.maintenance_off`: maintenance turned off (the failed workflow was recovered).
+    NodeMaintenanceOff,
+    /// `node.cordoned`: an operator cordoned the node (`cordonNode`, or the start of
+    /// `drainNode`).
+    NodeCordoned,
+    /// `node.uncordoned`: an operator uncordoned the node (which also ends a drain).
+    NodeUncordoned,
+    /// `node.drain_started`: a drain started, or an operator drained again with a different
+    /// deadline.
+    NodeDrainStarted,
+    /// `node.drain_finished`: a drain ended by its deadline, written before placement existed;
+    /// drains now end with `node.drained`. Kept so old rows still read.
+    NodeDrainFinished,
+    /// `node.drained`: a draining node holds no allocations any more (released, or evicted at the
+    /// deadline): `draining` is cleared, the cordon stays.
+    NodeDrained,
+    /// `node.connectivity_changed`: the gateway or Liveness moved `connectivity`.
+    NodeConnectivityChanged,
+    /// `node.condition_changed`: inventory, Health, Liveness or NodeLifecycle set a condition to
+    /// a new status.
+    NodeConditionChanged,
+    /// `node.no_schedule_reason_added`: a reason entered `noScheduleReasons` (with the change
+    /// that caused it).
+    NodeNoScheduleReasonAdded,
+    /// `node.no_schedule_reason_removed`: a reason left `noScheduleReasons` (with the change that
+    /// caused it).
+    NodeNoScheduleReasonRemoved,
+    /// `node.condition_proof_step`: a step of a condition's proof was satisfied (a command
+    /// its clear rule names succeeded on the node).
+    NodeConditionProofStep,
+    /// `node.condition_proof_restarted`: a condition's proof started over (a verification
+    /// failed, or the evidence showed again).
+    NodeConditionProofRestarted,
+    /// `node.condition_evidence_gone`: a report no longer shows a condition's evidence; it
+    /// stays `true` until its proof or an operator clears it.
+    NodeConditionEvidenceGone,
+    /// `node.power_changed`: the Power controller read a different power state through the
+    /// node's BMC (or lost it: `unknown`).
+    NodePowerChanged,
+    /// `node.power_action`: the node's BMC accepted an operator's power action (`powerNode`).
+    NodePowerAction,
+    /// `workflow.started`: a bare-metal workflow started (the node entered `inspecting`,
+    /// `releasing` or `retiring`).
+    WorkflowStarted,
+    /// `workflow.step_changed`: a step of a bare-metal workflow changed status.
+    WorkflowStepChanged,
+    /// `workflow.finished`: a bare-metal workflow succeeded, failed or was aborted.
+    WorkflowFinished,
+    /// `node.tainted`: an operator taint was added or replaced.
+    NodeTainted,
+    /// `node.untainted`: an operator taint was removed.
+    NodeUntainted,
+    /// `node.label_set`: a label was set (by an operator, or an inventory label by the Inventory
+    /// controller).
+    NodeLabelSet,
+    /// `node.label_removed`: a label was removed.
+    NodeLabelRemoved,
+    /// `node.gpu_count_changed`: the node's inventory reported a different number of GPUs.
+    NodeGpuCountChanged,
+    /// `node.hardware_key_changed`: the hardware key computed from the node's identifiers changed
+    /// (or its trust).
+    NodeHardwareKeyChanged,
+    /// `node.spec_generation`: the NodeSpec controller wrote a new desired-state generation.
+    NodeSpecGeneration,
+    /// `node.observed_generation`: the daemon reported converging a newer spec generation.
+    NodeObservedGeneration,
+    /// `node.identity_revoked`: `identityGeneration` was bumped: `revokeNodeIdentity`, a re-join
+    /// in place, or a deletion. Certificates of the old generation stop working.
+    NodeIdentityRevoked,
+    /// `command.queued`: a command was queued for a node.
+    CommandQueued,
+    /// `command.dispatched`: a command was sent to the node's session.
+    CommandDispatched,
+    /// `command.running`: the daemon reported the command started.
+    CommandRunning,
+    /// `command.succeeded`: the command ended successfully.
+    CommandSucceeded,
+    /// `command.failed`: the command failed (on the node, or because it could not be
+    /// redelivered).
+    CommandFailed,
+    /// `command.timed_out`: the command ran past its timeout.
+    CommandTimedOut,
+    /// `command.cancelled`: the command was cancelled.
+    CommandCancelled,
+    /// `command.expired`: the command waited in the queue past its TTL.
+    CommandExpired,
+    /// `remediation.waiting`: a remediation try waits (backoff, allocations, connection).
+    RemediationWaiting,
+    /// `remediation.acting`: a remediation try queued its action.
+    RemediationActing,
+    /// `remediation.verifying`: the action succeeded; its verification is queued.
+    RemediationVerifying,
+    /// `remediation.succeeded`: the verification passed and the condition cleared.
+    RemediationSucceeded,
+    /// `remediation.failed`: a try failed; the next waits for its backoff.
+    RemediationFailed,
+    /// `remediation.gave_up`: every step failed: maintenance on, `GpuNeedsPerson`.
+    RemediationGaveUp,
+    /// `remediation.cancelled`: the remediation ended without a verdict.
+    RemediationCancelled,
+    /// `tenant.created`: a tenant was created.
+    TenantCreated,
+    /// `site.created`: a site was created.
+    SiteCreated,
+    /// `pool.created`: a pool was created.
+    PoolCreated,
+    /// `pool.offered`: a pool was offered to a tenant (`offerPool`): the tenant may reserve in
+    /// it.
+    PoolOffered,
+    /// `pool.updated`: a pool's settings changed (`updatePool`).
+    PoolUpdated,
+    /// `join_token.created`: a join token was created.
+    JoinTokenCreated,
+    /// `join_token.revoked`: a join token was revoked.
+    JoinTokenRevoked,
+    /// `reservation.created`: a reservation was created (`createReservation`), PENDING.
+    ReservationCreated,
+    /// `reservation.placed`: the placer booked every node of a reservation: PENDING → PLACED.
+    ReservationPlaced,
+    /// `reservation.evicted`: a placed reservation's allocations were evicted (drain deadline,
+    /// lost node, `NoExecute` taint): PLACED → PENDING, to be placed elsewhere.
+    ReservationEvicted,
+    /// `reservation.released`: a reservation was released by its owner or expired once placed: →
+    /// RELEASED.
+    ReservationReleased,
+    /// `reservation.failed`: a reservation can never be placed, or expired while pending: →
+    /// FAILED.
+    ReservationFailed,
+    /// `allocation.booked`: atoms of a node were booked for a reservation (one event per node).
+    AllocationBooked,
+    /// `allocation.released`: an allocation ended: its reservation was released, or it was
+    /// evicted.
+    AllocationReleased,
+    /// `site.liveness_paused`: liveness paused for a site: too many of its nodes went silent at
+    /// once (the fleet brake), so they are not marked unreachable.
+    SiteLivenessPaused,
+    /// `site.liveness_resumed`: liveness resumed for a site the brake had paused.
+    SiteLivenessResumed,
 }
 
 /// The value of a typed condition.
 #[derive(Enum, Copy, Clone, Eq, PartialEq, Debug)]
 #[graphql(remote = "bc_core::axes::ConditionStatus")]
 pub enum ConditionStatus {
+    /// The condition holds (for a NoSchedule condition: work is kept off the node).
     True,
+    /// The condition does not hold.
     False,
+    /// No evidence either way yet (no report since the condition was set up).
     Unknown,
 }
 
@@ -72,17 +269,26 @@ pub enum ConditionStatus {
 #[derive(Enum, Copy, Clone, Eq, PartialEq, Debug)]
 #[graphql(remote = "bc_core::axes::TaintEffect")]
 pub enum TaintEffect {
+    /// No new work lands on the node: adds `taint:<key>` to `noScheduleReasons`.
     NoSchedule,
+    /// A hint for the placer to prefer other nodes; does not block scheduling.
     PreferNoSchedule,
+    /// Like `NO_SCHEDULE`, and work already on the node that does not tolerate the taint is
+    /// evicted (its reservations are placed elsewhere).
+    NoExecute,
 }
 
 /// The kind of a pool; decides the role of its nodes.
 #[derive(Enum, Copy, Clone, Eq, PartialEq, Debug)]
 #[graphql(remote = "bc_core::axes::PoolKind")]
 pub enum PoolKind {
+    /// Bare-metal servers whose GPUs are shared capacity; their nodes are `HOST`s.
     MetalHost,
+    /// Virtual-machine hosts whose GPUs are shared capacity; their nodes are `HOST`s.
     VpsHost,
+    /// Machines rented from a provider and added to shared capacity; their nodes are `HOST`s.
     Provider,
+    /// Bare-metal servers each leased whole to one tenant; their nodes are `DEDICATED`.
     MetalDedicated,
 }
 
@@ -90,7 +296,10 @@ pub enum PoolKind {
 #[derive(Enum, Copy, Clone, Eq, PartialEq, Debug)]
 #[graphql(remote = "bc_core::axes::PoolAgent")]
 pub enum PoolAgent {
+    /// The machines run the daemon `bcd`, which joins and holds a session (adapter `bcd/v1`).
     Bcd,
+    /// No daemon: the machines are reached through the provider's API (adapter
+    /// `provider-api/v1`).
     None,
 }
 
@@ -98,7 +307,9 @@ pub enum PoolAgent {
 #[derive(Enum, Copy, Clone, Eq, PartialEq, Debug)]
 #[graphql(remote = "bc_core::axes::SiteKind")]
 pub enum SiteKind {
+    /// A site the platform runs; it has no owner tenant.
     Platform,
+    /// A tenant's own site: its nodes are `TENANT_OWNED` and serve only that tenant.
     Custom,
 }
 
@@ -106,19 +317,33 @@ pub enum SiteKind {
 #[derive(Enum, Copy, Clone, Eq, PartialEq, Debug)]
 #[graphql(remote = "bc_core::provision::ProvisionMove")]
 pub enum ProvisionMove {
+    /// `ADOPTING` → `ADOPTED`: acceptance passed, or an operator vouches for the machine.
     Adopt,
+    /// `ENROLLING` → `INSPECTING`: the BMC answered; inspect the hardware.
     Inspect,
+    /// `INSPECTING` → `COMMISSIONING`: inventory taken; burn in and configure.
     Commission,
+    /// `COMMISSIONING` → `READY`: commissioning passed; the machine waits for a deployment.
     Provide,
+    /// `READY` → `DEPLOYING`: start deploying an image.
     Deploy,
+    /// `DEPLOYING` → `DEPLOYED`: the image booted and the daemon reported in.
     FinishDeploy,
+    /// `DEPLOYED` → `RELEASING`: tear the deployment down and wipe the machine.
     Release,
+    /// `RELEASING` → `READY`: the machine is clean again.
     FinishRelease,
+    /// `DEPLOYED` → `RESCUE`: boot a rescue image for repair.
     Rescue,
+    /// `RESCUE` → `DEPLOYED`: back to the deployed image.
     Unrescue,
+    /// `ADOPTED`, `READY` or `FAILED` → `RETIRING`: start taking the machine out of the fleet.
     Retire,
+    /// `RETIRING` → `RETIRED`: the machine is out of the fleet.
     FinishRetire,
+    /// Any workflow state → `FAILED`: records `failedFrom` and turns maintenance on.
     Fail,
+    /// `FAILED` → the state it failed from (`failedFrom`); turns maintenance off.
     Recover,
 }
 
@@ -126,11 +351,17 @@ pub enum ProvisionMove {
 #[derive(Enum, Copy, Clone, Eq, PartialEq, Debug)]
 #[graphql(remote = "bc_core::schedule::CapacityBucket")]
 pub enum CapacityBucket {
+    /// Every check passes: placement may book the node's GPUs.
     Schedulable,
+    /// Not shared capacity at all: not a `HOST`, or its trust keeps it out of this pool.
     Excluded,
+    /// Taken out of service: cordoned or in maintenance.
     Maintenance,
+    /// Not provisioned yet (neither `ADOPTED` nor `DEPLOYED`), or its first spec not converged.
     Provisioning,
+    /// The control plane cannot reach its daemon (not `CONNECTED`).
     Unreachable,
+    /// In service and connected, but something in `noScheduleReasons` keeps work off it.
     Unhealthy,
 }
 
@@ -138,12 +369,19 @@ pub enum CapacityBucket {
 #[derive(Enum, Copy, Clone, Eq, PartialEq, Debug)]
 #[graphql(remote = "bc_core::schedule::Check")]
 pub enum SchedulingCheck {
+    /// 1. `role` is `HOST` (else `EXCLUDED`).
     RoleIsHost,
+    /// 2. `trust` is `PLATFORM`, or `TENANT_OWNED` in its owner's pool (else `EXCLUDED`).
     TrustAllowsPool,
+    /// 3. Neither in `maintenance` nor `cordoned` (else `MAINTENANCE`).
     InService,
+    /// 4. `provisionState` is `ADOPTED` or `DEPLOYED` (else `PROVISIONING`).
     Provisioned,
+    /// 5. `observedGeneration` is at least 1, its first spec converged (else `PROVISIONING`).
     ConvergedFirstSpec,
+    /// 6. `connectivity` is `CONNECTED` (else `UNREACHABLE`).
     Connected,
+    /// 7. `noScheduleReasons` is empty (else `UNHEALTHY`).
     NoReasons,
 }
 
@@ -155,18 +393,23 @@ pub struct NodeDetail(pub DomainNodeDetail);
 /// mutations, passing the `version` you read.
 #[Object]
 impl NodeDetail {
+    /// The node's id (`node_…`), assigned when it joined or was enrolled; never reused.
     async fn id(&self) -> ID {
         ID(self.0.record.id.to_string())
     }
+    /// The machine's hostname, as it joined or was enrolled.
     async fn hostname(&self) -> &str {
         &self.0.record.hostname
     }
+    /// The site the machine is in.
     async fn site_id(&self) -> ID {
         ID(self.0.record.site_id.to_string())
     }
+    /// The pool the machine belongs to; `null` for site agents and unassigned machines.
     async fn pool_id(&self) -> Option<ID> {
         self.0.record.pool_id.as_ref().map(|p| ID(p.to_string()))
     }
+    /// The tenant that owns the machine; `null` for the platform's own.
     async fn owner_tenant_id(&self) -> Option<ID> {
         self.0
             .record
@@ -174,21 +417,25 @@ impl NodeDetail {
             .as_ref()
             .map(|t| ID(t.to_string()))
     }
+    /// What the node is for, decided by the kind of pool it joined.
     async fn role(&self) -> NodeRole {
         self.0.record.role.into()
     }
+    /// What the node's hardware may be used for, decided by its site and lease.
     async fn trust(&self) -> Trust {
         self.0.record.trust.into()
     }
-    /// Whether the node's hardware key is trusted (at least two independent identifiers).
+    /// Whether the node's hardware key is trusted: at least two independent hardware
+    /// identifiers survived, so a re-installed machine is recognised as the same node.
     async fn hardware_key_trusted(&self) -> bool {
         self.0.record.hardware_key_trusted
     }
-    /// The desired-state generation.
+    /// The desired-state generation: bumped whenever the node's spec changes.
     async fn generation(&self) -> i64 {
         self.0.record.generation
     }
-    /// The generation the node last reported converged.
+    /// The generation the node last reported converged; a node below 1 has not converged its
+    /// first spec and is not schedulable.
     async fn observed_generation(&self) -> i64 {
         self.0.record.observed_generation
     }
@@ -200,6 +447,7 @@ impl NodeDetail {
     async fn version(&self) -> i64 {
         self.0.record.version
     }
+    /// Where the node is in its life; changes only along `provisionStateTable`.
     async fn provision_state(&self) -> ProvisionState {
         self.0.record.provision_state.into()
     }
@@ -207,12 +455,16 @@ impl NodeDetail {
     async fn failed_from(&self) -> Option<ProvisionState> {
         self.0.record.failed_from.map(Into::into)
     }
+    /// In maintenance after a failed or aborted workflow, or health remediation that gave
+    /// up: takes no work until it recovers.
     async fn maintenance(&self) -> bool {
         self.0.record.maintenance
     }
+    /// Why the node is in maintenance, as the failing workflow or controller wrote it.
     async fn maintenance_reason(&self) -> Option<&str> {
         self.0.record.maintenance_reason.as_deref()
     }
+    /// An operator cordoned the node: no new work lands on it. Work already there stays.
     async fn cordoned(&self) -> bool {
         self.0.record.cordon.is_some()
     }
@@ -224,20 +476,23 @@ impl NodeDetail {
             at: c.at,
         })
     }
-    /// A drain under way.
+    /// A drain under way: when it started and when it gives up waiting for allocations.
     async fn drain(&self) -> Option<DrainInfo> {
         self.0.record.drain.as_ref().map(|d| DrainInfo {
             started_at: d.started_at,
             deadline: d.deadline,
         })
     }
+    /// Whether the control plane can talk to the node's daemon.
     async fn connectivity(&self) -> Connectivity {
         self.0.record.connectivity.into()
     }
+    /// When `connectivity` last changed.
     async fn connectivity_since(&self) -> DateTime<Utc> {
         self.0.record.connectivity_since
     }
-    /// Every reason the node must not receive new work.
+    /// Every reason the node must not receive new work (`taint:<key>`, `draining`,
+    /// `unreachable`, or a NoSchedule condition's type such as `GpuCountMismatch`).
     async fn no_schedule_reasons(&self) -> Vec<String> {
         self.0
             .record
@@ -255,6 +510,7 @@ impl NodeDetail {
             .map(NoScheduleReason::from)
             .collect()
     }
+    /// Key-value labels operators and inventory put on the node, to select nodes by.
     async fn labels(&self) -> Vec<Label> {
         self.0
             .record
@@ -266,6 +522,7 @@ impl NodeDetail {
             })
             .collect()
     }
+    /// Operator taints; each `NO_SCHEDULE` one keeps new work off the node.
     async fn taints(&self) -> Vec<Taint> {
         self.0
             .record
@@ -280,6 +537,7 @@ impl NodeDetail {
             })
             .collect()
     }
+    /// Typed conditions that inventory, health checks, Liveness and acceptance report.
     async fn conditions(&self) -> Vec<Condition> {
         self.0
             .record
@@ -294,14 +552,17 @@ impl NodeDetail {
                 set_by: c.set_by.to_string(),
                 last_transition_at: c.last_transition_at,
                 updated_at: c.updated_at,
+                clear_when: ClearRule::from(&bc_core::clear::ClearRule::for_condition(&c.kind)),
+                proof: c.proof.as_ref().map(|p| ConditionProof::of(&c.kind, p)),
             })
             .collect()
     }
-    /// GPUs the last inventory reported.
+    /// How many GPUs the last inventory reported (the pool's `expectedGpuCount` is what it
+    /// should be).
     async fn gpu_count(&self) -> i32 {
         self.0.record.gpu_count
     }
-    /// The current (or last) gateway session.
+    /// The daemon's current gateway session, or its last one; `null` if it never connected.
     async fn session(&self) -> Option<Session> {
         self.0.session.as_ref().map(|s| Session {
             epoch: s.epoch,
@@ -342,7 +603,11 @@ impl NodeDetail {
     async fn events(
         &self,
         ctx: &Context<'_>,
+        #[graphql(
+            desc = "How many events to return (default 100, at most `graphql.max_page_size`)."
+        )]
         first: Option<i32>,
+        #[graphql(desc = "The `endCursor` of the previous page; omit for the newest events.")]
         after: Option<String>,
     ) -> async_graphql::Result<EventConnection> {
         let services = ctx.data::<Services>()?;
@@ -358,7 +623,16 @@ impl NodeDetail {
             .await?;
         let has_next = events.len() as u64 > first;
         events.truncate(first as usize);
-        let mut connection = EventConnection::new(after.is_some(), has_next);
+        let mut connection = EventConnection::with_additional_fields(
+            after.is_some(),
+            has_next,
+            EventListFields {
+                filter: crate::service::EventFilter {
+                    node_ids: vec![self.0.record.id.clone()],
+                    ..Default::default()
+                },
+            },
+        );
         connection.edges.extend(
             events
                 .into_iter()
@@ -377,13 +651,26 @@ impl NodeDetail {
             .map(Device)
             .collect())
     }
+    /// The node's active allocations: the atoms booked on it, by reservation.
+    async fn allocations(
+        &self,
+        ctx: &Context<'_>,
+    ) -> async_graphql::Result<Vec<super::placement::Allocation>> {
+        super::placement::node_allocations(ctx, &self.0.record.id).await
+    }
     /// Commands sent to the node, newest first.
     #[graphql(complexity = "first.unwrap_or(100).max(1) as usize * child_complexity")]
     async fn commands(
         &self,
         ctx: &Context<'_>,
-        status: Option<Vec<CommandStatus>>,
+        #[graphql(desc = "Only commands in any of these statuses; omit for all.")] status: Option<
+            Vec<CommandStatus>,
+        >,
+        #[graphql(
+            desc = "How many commands to return (default 100, at most `graphql.max_page_size`)."
+        )]
         first: Option<i32>,
+        #[graphql(desc = "The `endCursor` of the previous page; omit for the newest commands.")]
         after: Option<String>,
     ) -> async_graphql::Result<CommandConnection> {
         let filter = crate::service::CommandFilter {
@@ -397,15 +684,48 @@ impl NodeDetail {
         };
         super::query::command_page(ctx, filter, first, after).await
     }
+    /// Health remediation's tries on the node, newest first (the last 50): each an action
+    /// (`gpu.reset`, `node.reboot`) and its verification, with its status and commands.
+    async fn remediation_attempts(
+        &self,
+        ctx: &Context<'_>,
+    ) -> async_graphql::Result<Vec<RemediationAttempt>> {
+        let services = ctx.data::<Services>()?;
+        let principal = principal(ctx)?;
+        Ok(services
+            .node_remediation_attempts(principal, &self.0)
+            .await?
+            .into_iter()
+            .map(RemediationAttempt)
+            .collect())
+    }
+    /// When the node joined or was enrolled.
     async fn created_at(&self) -> DateTime<Utc> {
         self.0.record.created_at
     }
+    /// When anything about the node last changed (its `version` changed with it).
     async fn updated_at(&self) -> DateTime<Utc> {
         self.0.record.updated_at
     }
 }
 
-pub type EventConnection = async_graphql::connection::Connection<String, Event>;
+/// Extra fields of an event list.
+pub struct EventListFields {
+    pub filter: crate::service::EventFilter,
+}
+
+#[Object]
+impl EventListFields {
+    /// How many events match, across all pages (of those the caller may see).
+    async fn total_count(&self, ctx: &Context<'_>) -> async_graphql::Result<u64> {
+        Ok(ctx
+            .data::<Services>()?
+            .count_events(principal(ctx)?, self.filter.clone())
+            .await?)
+    }
+}
+
+pub type EventConnection = async_graphql::connection::Connection<String, Event, EventListFields>;
 
 pub struct Device(pub bc_core::health::Device);
 
@@ -416,25 +736,31 @@ impl Device {
     async fn name(&self) -> &str {
         &self.0.name
     }
+    /// The kind of device; `gpu` for every device today.
     async fn kind(&self) -> &str {
         bc_core::health::GPU_DEVICE_KIND
     }
+    /// The GPU's UUID as the driver reports it (`GPU-…`); follows the card if it moves.
     async fn uuid(&self) -> &str {
         &self.0.uuid
     }
+    /// The GPU's PCI address (`0000:3b:00.0`), which says where it sits in the machine.
     async fn pci_bus_id(&self) -> &str {
         &self.0.pci_bus_id
     }
+    /// The GPU model as the driver names it, e.g. `NVIDIA H100 80GB HBM3`.
     async fn model(&self) -> &str {
         &self.0.model
     }
+    /// The GPU's memory in MiB.
     async fn memory_mib(&self) -> i64 {
         i64::try_from(self.0.memory_mib).unwrap_or(i64::MAX)
     }
+    /// The card's serial number, where the driver reports one (for RMAs).
     async fn serial(&self) -> Option<&str> {
         self.0.serial.as_deref()
     }
-    /// The schedulable unit on it.
+    /// The unit placement books on this device (one per whole GPU today).
     async fn atom(&self) -> &str {
         &self.0.atom
     }
@@ -444,99 +770,272 @@ impl Device {
     }
 }
 
+/// Who cordoned a node, why and when.
 #[derive(SimpleObject)]
 pub struct CordonInfo {
+    /// The reason the operator gave.
     pub reason: String,
     /// The actor: `user:<subject>`, `controller:<name>` or `node:<id>`.
     pub by: String,
+    /// When the node was cordoned.
     pub at: DateTime<Utc>,
 }
 
+/// A drain under way: the node is cordoned and keeps `draining` in `noScheduleReasons`
+/// until its allocations are released or the deadline passes.
 #[derive(SimpleObject)]
 pub struct DrainInfo {
+    /// When the drain started.
     pub started_at: DateTime<Utc>,
     /// When `draining` leaves `noScheduleReasons` even if allocations remain.
     pub deadline: Option<DateTime<Utc>>,
 }
 
+/// A key-value pair: a node's label, or a pool's driver binding.
 #[derive(SimpleObject)]
 pub struct Label {
+    /// The key, `[prefix/]name` (e.g. `example.com/rack`, or `power` for a driver).
     pub key: String,
+    /// The value; may be empty.
     pub value: String,
 }
 
+/// An operator taint on a node, as in Kubernetes.
 #[derive(SimpleObject)]
 pub struct Taint {
+    /// The taint's key; a node has at most one taint per key.
     pub key: String,
+    /// The taint's value; may be empty.
     pub value: String,
+    /// What the taint does to scheduling.
     pub effect: TaintEffect,
+    /// The actor who added it (`user:<subject>`).
     pub added_by: String,
+    /// When it was added (or last replaced).
     pub added_at: DateTime<Utc>,
 }
 
+/// A typed condition of a node (e.g. `GpuCountMismatch`, `XidCritical`), set by
+/// inventory, health checks, Liveness or acceptance.
 #[derive(SimpleObject)]
 pub struct Condition {
     /// The condition's type, e.g. `GpuCountMismatch`.
     #[graphql(name = "type")]
     pub kind: String,
+    /// Whether the condition holds.
     pub status: ConditionStatus,
+    /// A short machine-readable reason for the status, e.g. `Expected8Got7`.
     pub reason: String,
+    /// What an operator should know, in words.
     pub message: String,
-    /// While `true`, keeps work off the node.
+    /// While the status is `TRUE`, keeps work off the node: its type is in
+    /// `noScheduleReasons`.
     pub no_schedule: bool,
+    /// The actor that set it (`controller:<name>` or `node:<id>`).
     pub set_by: String,
+    /// When `status` last changed.
     pub last_transition_at: DateTime<Utc>,
+    /// When the condition was last reported, changed or not.
     pub updated_at: DateTime<Utc>,
+    /// What clears it: its rule as data and in a sentence.
+    pub clear_when: ClearRule,
+    /// For a condition that clears only on proof or by hand: how far its proof is (which
+    /// steps are satisfied, by which command, when) and whether its evidence is gone. Kept
+    /// after it clears, to show how. `null` for conditions that clear with their evidence.
+    pub proof: Option<ConditionProof>,
 }
 
+/// The kind of a clear rule.
+#[derive(Enum, Copy, Clone, Eq, PartialEq, Debug)]
+#[graphql(remote = "bc_core::clear::ClearRuleKind")]
+pub enum ClearRuleKind {
+    /// A fresh report without the evidence clears it (e.g. `GpuCountMismatch`).
+    EvidenceGone,
+    /// Commands that succeed on the node, in order, after the condition was raised (e.g.
+    /// `gpu.reset` then a passing `diag.nvml`); a report without the evidence alone does not
+    /// clear it.
+    Commands,
+    /// Only an operator, by hand, with a reason (`clearNodeCondition`).
+    Operator,
+    /// An operator removes the taint (`untaintNode`).
+    Untaint,
+    /// `uncordonNode`, or the drain ending.
+    DrainEnds,
+    /// The daemon reconnects and heartbeats arrive.
+    Heartbeats,
+}
+
+/// What clears a condition or a `noScheduleReasons` entry, as data and in a sentence.
+#[derive(SimpleObject)]
+pub struct ClearRule {
+    /// The kind of rule.
+    pub kind: ClearRuleKind,
+    /// For `COMMANDS`: the steps, in order; each must succeed after the one before and
+    /// after the condition was raised. Empty for the other kinds.
+    pub steps: Vec<ClearStep>,
+    /// Whether an operator may clear it by hand with a reason of their own
+    /// (`clearNodeCondition`; every condition may be, reasons of other kinds may not).
+    pub by_hand: bool,
+    /// The rule in a sentence, e.g. "clears when gpu.reset or node.reboot succeeds and then
+    /// diag.nvml level 1 (or deeper) passes, …".
+    pub description: String,
+}
+
+/// One step of a proof.
+#[derive(SimpleObject)]
+pub struct ClearStep {
+    /// A command of any of these kinds satisfies the step.
+    pub kinds: Vec<CommandKind>,
+    /// For `DIAG_NVML`: the lowest level that counts (its result must say it passed).
+    pub min_diag_level: Option<i32>,
+    /// The step in words, e.g. "diag.nvml level 1 (or deeper) passes".
+    pub description: String,
+}
+
+impl From<&bc_core::clear::ClearRule> for ClearRule {
+    fn from(rule: &bc_core::clear::ClearRule) -> Self {
+        ClearRule {
+            kind: rule.kind().into(),
+            steps: rule
+                .steps()
+                .iter()
+                .map(|s| ClearStep {
+                    kinds: s.kinds.iter().copied().map(Into::into).collect(),
+                    min_diag_level: s.min_level.map(i32::from),
+                    description: s.describe(),
+                })
+                .collect(),
+            by_hand: rule.by_hand(),
+            description: rule.describe(),
+        }
+    }
+}
+
+/// The progress of a condition's proof.
+#[derive(SimpleObject)]
+pub struct ConditionProof {
+    /// Since when commands count: when the condition was raised, or its proof last
+    /// restarted.
+    pub since: DateTime<Utc>,
+    /// How many steps its rule has.
+    pub steps_total: i32,
+    /// The steps satisfied so far, in order: by which command, when.
+    pub satisfied: Vec<SatisfiedStep>,
+    /// When a report stopped showing the evidence; `null` while reports show it.
+    pub evidence_gone_at: Option<DateTime<Utc>>,
+    /// How often the proof started over (a failed verification, evidence that came back).
+    pub restarts: i32,
+    /// Why it last started over.
+    pub last_restart: Option<String>,
+}
+
+impl ConditionProof {
+    fn of(kind: &str, proof: &bc_core::clear::Proof) -> ConditionProof {
+        let total = bc_core::clear::ClearRule::for_condition(kind).steps().len();
+        ConditionProof {
+            since: proof.since,
+            steps_total: i32::try_from(total).unwrap_or(i32::MAX),
+            satisfied: proof
+                .satisfied
+                .iter()
+                .enumerate()
+                .map(|(i, s)| SatisfiedStep {
+                    step: i32::try_from(i + 1).unwrap_or(i32::MAX),
+                    command_id: ID(s.command_id.to_string()),
+                    kind: s.kind.into(),
+                    at: s.at,
+                })
+                .collect(),
+            evidence_gone_at: proof.evidence_gone_at,
+            restarts: i32::try_from(proof.restarts).unwrap_or(i32::MAX),
+            last_restart: proof.last_restart.clone(),
+        }
+    }
+}
+
+/// A step of a proof that is satisfied.
+#[derive(SimpleObject)]
+pub struct SatisfiedStep {
+    /// Which step (1 is the first).
+    pub step: i32,
+    /// The command that satisfied it.
+    pub command_id: ID,
+    /// That command's kind.
+    pub kind: CommandKind,
+    /// When its result was recorded.
+    pub at: DateTime<Utc>,
+}
+
+/// A daemon's session with a gateway. Heartbeats update it without changing the node's
+/// `version`.
 #[derive(SimpleObject)]
 pub struct Session {
+    /// Counts the node's sessions; a newer session (higher epoch) replaces an older one.
     pub epoch: i64,
+    /// The gateway replica that holds (or held) the session.
     pub gateway_id: String,
+    /// When the session opened.
     pub connected_at: DateTime<Utc>,
+    /// When the session closed; `null` while it is open.
     pub disconnected_at: Option<DateTime<Utc>>,
+    /// The last heartbeat; Liveness marks the node `UNREACHABLE` when it grows too old.
     pub last_seen: DateTime<Utc>,
 }
 
 /// One entry of `noScheduleReasons`, explained.
 #[derive(SimpleObject)]
 pub struct NoScheduleReason {
+    /// The key as in `noScheduleReasons`: `taint:<key>`, `draining`, `unreachable` or a
+    /// condition's type.
     pub reason: String,
+    /// The actor that set it (`user:<subject>`, `controller:<name>` or `node:<id>`).
     pub set_by: String,
+    /// Since when it has kept work off the node.
     pub since: DateTime<Utc>,
+    /// More about it where there is more: a drain's deadline, a condition's message.
     pub detail: Option<String>,
-    /// What clears it.
+    /// What an operator does, or waits for, to clear it, in words (`clearWhen.description`).
     pub cleared_by: String,
+    /// What clears it, as data and in a sentence.
+    pub clear_when: ClearRule,
 }
 
 impl From<&DomainReason> for NoScheduleReason {
     fn from(r: &DomainReason) -> Self {
+        let rule = bc_core::clear::ClearRule::for_reason(&r.key);
         NoScheduleReason {
             reason: r.key.to_string(),
             set_by: r.set_by.to_string(),
             since: r.since,
             detail: r.detail.clone(),
-            cleared_by: r.key.cleared_by(),
+            cleared_by: rule.describe(),
+            clear_when: ClearRule::from(&rule),
         }
     }
 }
 
+/// One schedulability check a node fails.
 #[derive(SimpleObject)]
 pub struct FailedCheck {
+    /// Which of the seven checks.
     pub check: SchedulingCheck,
     /// The bucket this check sends a node to when it is the first to fail.
     pub bucket: CapacityBucket,
+    /// Why it fails for this node and what clears it, in words (e.g. "cordoned (cleared by
+    /// uncordonNode)").
     pub message: String,
 }
 
-/// "Why not schedulable?"
+/// "Why not schedulable?": the seven checks' verdict on a node.
 #[derive(SimpleObject)]
 pub struct Schedulability {
+    /// Every check passes: placement may book the node's GPUs.
     pub schedulable: bool,
     /// The capacity bucket: that of the first failing check.
     pub bucket: CapacityBucket,
     /// Every failing check, in the order they run.
     pub failing_checks: Vec<FailedCheck>,
+    /// Every entry of `noScheduleReasons`, with who set it, since when and what clears it.
     pub reasons: Vec<NoScheduleReason>,
 }
 
@@ -544,25 +1043,44 @@ pub struct Schedulability {
 /// rendered here in their stored spelling.
 pub struct Event(pub RecordedEvent);
 
+/// An entry of the durable event log: one change (or other happening) with who did it, why
+/// and when. Events are never deleted, so they are a node's full history.
 #[Object]
 impl Event {
     /// `evt_<seq>`: also the resume cursor.
     async fn id(&self) -> ID {
         ID(self.0.id.to_string())
     }
+    /// The event type, e.g. `node.cordoned`, `command.succeeded`, `tenant.created`.
     #[graphql(name = "type")]
     async fn event_type(&self) -> &str {
         self.0.event_type.as_static_str()
     }
+    /// The event type as the `EventType` enum (`NODE_CORDONED` for `node.cordoned`), the
+    /// value the `events` filters take.
+    #[graphql(name = "eventType")]
+    async fn event_type_value(&self) -> EventType {
+        self.0.event_type.into()
+    }
+    /// The node's version after the change, for node changes (`node.*` events); `null` for
+    /// every other event.
+    async fn node_version(&self) -> Option<i64> {
+        self.0.node_version()
+    }
+    /// The node it is about; `null` for events about tenants, sites, pools or join tokens.
     async fn node_id(&self) -> Option<ID> {
         self.0.node_id.as_ref().map(|n| ID(n.to_string()))
     }
+    /// The axis or field that changed (`cordoned`, `provisionState`, `connectivity`,
+    /// `command`, …); `null` for events that change none.
     async fn axis(&self) -> Option<&str> {
         self.0.axis.map(|a| a.as_static_str())
     }
+    /// The value before, in its stored spelling; `null` where there was none.
     async fn from(&self) -> Option<&str> {
         self.0.from.as_deref()
     }
+    /// The value after, in its stored spelling; `null` where there is none.
     async fn to(&self) -> Option<&str> {
         self.0.to.as_deref()
     }
@@ -574,18 +1092,31 @@ impl Event {
     async fn cause(&self) -> Option<&str> {
         self.0.cause.as_deref()
     }
+    /// The event's typed detail, as JSON. For node changes: `version` (the node's version
+    /// after the change), `detail` (the rendered reason or deadline), `key` (the label, taint,
+    /// condition or reason key), `change` (the whole condition, taint, label, reason, cordon or
+    /// drain touched, as it is after the change and, under `previous`, before) and, on the
+    /// first event of each version, `rebuild` (a JSON Patch from the previous version, or every
+    /// 32nd version a `snapshot` of the whole record: what `nodeAsOf` folds). For commands,
+    /// the command's status fields; for the others, what was created.
     async fn data(&self) -> Json<serde_json::Value> {
         Json(self.0.data.clone())
     }
+    /// When it happened, by the control plane's clock.
     async fn at(&self) -> DateTime<Utc> {
         self.0.at
     }
 }
 
+/// A customer of the platform. A token bound to a tenant sees and changes only what the
+/// tenant owns.
 #[derive(SimpleObject)]
 pub struct Tenant {
+    /// The tenant's id (`ten_…`).
     pub id: ID,
+    /// The tenant's unique name.
     pub name: String,
+    /// When a platform admin created it.
     pub created_at: DateTime<Utc>,
 }
 
@@ -599,12 +1130,18 @@ impl From<bc_core::catalog::Tenant> for Tenant {
     }
 }
 
+/// A place machines live in (a data centre, a region, a tenant's own room).
 #[derive(SimpleObject)]
 pub struct Site {
+    /// The site's id (`site_…`).
     pub id: ID,
+    /// The site's unique name, e.g. `fra1`.
     pub name: String,
+    /// The platform's site or a tenant's own.
     pub kind: SiteKind,
+    /// The tenant that owns a `CUSTOM` site; `null` for a platform site.
     pub owner_tenant_id: Option<ID>,
+    /// When a platform admin created it.
     pub created_at: DateTime<Utc>,
 }
 
@@ -620,25 +1157,54 @@ impl From<bc_core::catalog::Site> for Site {
     }
 }
 
+/// A group of like machines in one site; its kind decides what its nodes are for, and
+/// its capacity is counted by bucket.
 #[derive(SimpleObject)]
 #[graphql(complex)]
 pub struct Pool {
+    /// The pool's id (`pool_…`).
     pub id: ID,
+    /// The site the pool is in.
     pub site_id: ID,
+    /// The pool's name, unique within its site, e.g. `h100`.
     pub name: String,
+    /// What kind of machines it holds, which decides their role.
     pub kind: PoolKind,
+    /// Whether its machines run the daemon or are reached through a provider API.
     pub agent: PoolAgent,
+    /// The tenant that owns the pool; `null` for a platform pool.
     pub owner_tenant_id: Option<ID>,
-    /// GPUs each machine of the pool is expected to have.
+    /// GPUs each machine of the pool is expected to have; a node reporting another count
+    /// gets the `GpuCountMismatch` condition.
     pub expected_gpu_count: Option<i32>,
+    /// The GPU model each GPU of the pool is expected to be; a node with another gets the
+    /// `GpuModelMismatch` condition.
     pub expected_gpu_model: Option<String>,
+    /// The NVIDIA driver the pool's machines are expected to run (a version, or a prefix of
+    /// whole parts such as `550`); a node running another gets `DriverVersionMismatch`.
+    pub expected_driver_version: Option<String>,
+    /// When a platform admin created it.
     pub created_at: DateTime<Utc>,
     #[graphql(skip)]
     pub drivers: std::collections::BTreeMap<String, String>,
+    #[graphql(skip)]
+    pub remediation: bc_core::remediation::RemediationPolicy,
+    #[graphql(skip)]
+    pub acceptance: bc_core::acceptance::AcceptancePolicy,
 }
 
 #[ComplexObject]
 impl Pool {
+    /// The checks acceptance runs on the pool's new nodes (the default unless set with
+    /// `createPool` or `updatePool`).
+    async fn acceptance(&self) -> AcceptancePolicy {
+        AcceptancePolicy::from(&self.acceptance)
+    }
+    /// How the Remediation controller treats the pool's unhealthy nodes (the defaults unless
+    /// set with `createPool` or `updatePool`).
+    async fn remediation(&self) -> RemediationPolicy {
+        RemediationPolicy::from(&self.remediation)
+    }
     /// Driver bindings (`power`, `boot`, `deploy`, …) the pool's nodes inherit.
     async fn drivers(&self) -> Vec<Label> {
         self.drivers
@@ -665,61 +1231,298 @@ impl From<bc_core::catalog::Pool> for Pool {
                 .gpu_count
                 .and_then(|c| i32::try_from(c).ok()),
             expected_gpu_model: p.hardware_profile.gpu_model,
+            expected_driver_version: p.hardware_profile.driver_version,
             created_at: p.created_at,
             drivers: p.drivers,
+            remediation: p.remediation,
+            acceptance: p.acceptance,
         }
+    }
+}
+
+/// A pool's health remediation policy: per condition, a ladder of actions, each verified,
+/// with tries and backoff; when the ladder is used up, remediation gives up (maintenance on,
+/// `GpuNeedsPerson`). Remediation acts only on a node that holds no allocation: it waits
+/// until they are released (drain the node to hurry it).
+#[derive(SimpleObject)]
+pub struct RemediationPolicy {
+    /// Off: the controller leaves the pool's nodes alone (conditions still clear on proof).
+    pub enabled: bool,
+    /// One ladder per remediated condition.
+    pub rules: Vec<RemediationRule>,
+}
+
+/// The ladder for one condition.
+#[derive(SimpleObject)]
+pub struct RemediationRule {
+    /// The condition it remediates (`GpuNeedsReset`, `GpuNeedsReboot`).
+    pub condition: String,
+    /// The steps, climbed in order while tries fail.
+    pub steps: Vec<RemediationStep>,
+}
+
+/// One step of a ladder.
+#[derive(SimpleObject)]
+pub struct RemediationStep {
+    /// The action: `GPU_RESET` or `NODE_REBOOT`.
+    pub action: CommandKind,
+    /// Tries of this step before the next step (or giving up).
+    pub attempts: i32,
+    /// Seconds after a failed try of this step before the next try starts.
+    pub backoff_seconds: i32,
+    /// The `diag.nvml` level that verifies each try.
+    pub verify_level: i32,
+}
+
+impl From<&bc_core::remediation::RemediationPolicy> for RemediationPolicy {
+    fn from(p: &bc_core::remediation::RemediationPolicy) -> Self {
+        RemediationPolicy {
+            enabled: p.enabled,
+            rules: p
+                .rules
+                .iter()
+                .map(|r| RemediationRule {
+                    condition: r.condition.clone(),
+                    steps: r
+                        .steps
+                        .iter()
+                        .map(|s| RemediationStep {
+                            action: s.action.into(),
+                            attempts: i32::try_from(s.attempts).unwrap_or(i32::MAX),
+                            backoff_seconds: i32::try_from(s.backoff_secs).unwrap_or(i32::MAX),
+                            verify_level: i32::from(s.verify_level),
+                        })
+                        .collect(),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// What an acceptance check asks.
+#[derive(Enum, Copy, Clone, Eq, PartialEq, Debug)]
+#[graphql(remote = "bc_core::acceptance::AcceptanceCheckKind")]
+pub enum AcceptanceCheckKind {
+    /// The inventory matches the pool's expectations: none of `GpuCountMismatch`,
+    /// `GpuModelMismatch` and `DriverVersionMismatch` is `TRUE`. Needs no GPU.
+    HardwareProfile,
+    /// A `diag.nvml` at the check's level passes. Skipped on a machine without GPUs in a
+    /// CPU pool (expected GPU count 0); in any other pool such a machine fails acceptance.
+    GpuDiagnostic,
+}
+
+/// A pool's acceptance: the checks an `ADOPTING` node passes, in order, to become `ADOPTED`;
+/// the first that fails makes it `FAILED` (maintenance on, the reason naming the check).
+#[derive(SimpleObject)]
+pub struct AcceptancePolicy {
+    /// The checks, in order.
+    pub checks: Vec<AcceptanceCheck>,
+}
+
+/// One acceptance check.
+#[derive(SimpleObject)]
+pub struct AcceptanceCheck {
+    /// What it asks.
+    pub check: AcceptanceCheckKind,
+    /// For `GPU_DIAGNOSTIC`: the `diag.nvml` level; `null` for the others.
+    pub level: Option<i32>,
+    /// The check in words: `diag.nvml level 2 passes`.
+    pub description: String,
+}
+
+impl From<&bc_core::acceptance::AcceptancePolicy> for AcceptancePolicy {
+    fn from(p: &bc_core::acceptance::AcceptancePolicy) -> Self {
+        AcceptancePolicy {
+            checks: p
+                .checks
+                .iter()
+                .map(|c| AcceptanceCheck {
+                    check: c.kind.into(),
+                    level: c.level.map(i32::from),
+                    description: c.describe(),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Where a remediation try is.
+#[derive(Enum, Copy, Clone, Eq, PartialEq, Debug)]
+#[graphql(remote = "bc_core::remediation::AttemptStatus")]
+pub enum RemediationStatus {
+    /// Due at `nextAttemptAt`; waits for it, for the node's allocations to be released, or
+    /// for the node to connect.
+    Waiting,
+    /// Its action (`gpu.reset`, `node.reboot`) is queued or running.
+    Acting,
+    /// Its action succeeded; the verification (`diag.nvml`) is queued or running.
+    Verifying,
+    /// Verified: the condition was proven and cleared.
+    Succeeded,
+    /// It failed; a later try (or step) follows after the backoff.
+    Failed,
+    /// It failed and was the ladder's last: remediation gave up (maintenance on,
+    /// `GpuNeedsPerson`).
+    GaveUp,
+    /// Ended without a verdict: the condition cleared otherwise, or the node left service.
+    Cancelled,
+}
+
+/// One try of health remediation on a node.
+pub struct RemediationAttempt(pub bc_core::remediation::RemediationAttempt);
+
+/// One try of health remediation on a node: an action and its verification.
+#[Object]
+impl RemediationAttempt {
+    /// The try's id (`rem_…`).
+    async fn id(&self) -> ID {
+        ID(self.0.id.to_string())
+    }
+    /// The id of the run's first try: the tries of one run share it.
+    async fn run_id(&self) -> ID {
+        ID(self.0.run_id.to_string())
+    }
+    /// The condition remediated, e.g. `GpuNeedsReset`.
+    async fn condition(&self) -> &str {
+        &self.0.condition
+    }
+    /// Which step of the ladder (1 is the first).
+    async fn step(&self) -> i32 {
+        i32::try_from(self.0.step + 1).unwrap_or(i32::MAX)
+    }
+    /// How many steps the run's ladder has.
+    async fn steps_total(&self) -> i32 {
+        i32::try_from(self.0.ladder.len()).unwrap_or(i32::MAX)
+    }
+    /// The step's action.
+    async fn action(&self) -> Option<CommandKind> {
+        self.0.current().map(|s| s.action.into())
+    }
+    /// Which try of the step (1 is the first).
+    async fn attempt(&self) -> i32 {
+        i32::try_from(self.0.attempt).unwrap_or(i32::MAX)
+    }
+    /// How many tries the step has.
+    async fn attempts_allowed(&self) -> i32 {
+        self.0
+            .current()
+            .map_or(0, |s| i32::try_from(s.attempts).unwrap_or(i32::MAX))
+    }
+    /// Where the try is.
+    async fn status(&self) -> RemediationStatus {
+        self.0.status.into()
+    }
+    /// The action command, once queued.
+    async fn action_command_id(&self) -> Option<ID> {
+        self.0.action_command_id.as_ref().map(|c| ID(c.to_string()))
+    }
+    /// The verification (`diag.nvml`), once queued.
+    async fn verify_command_id(&self) -> Option<ID> {
+        self.0.verify_command_id.as_ref().map(|c| ID(c.to_string()))
+    }
+    /// The `inventory.refresh` of `gpus` queued with the verification, for fresh evidence.
+    async fn refresh_command_id(&self) -> Option<ID> {
+        self.0
+            .refresh_command_id
+            .as_ref()
+            .map(|c| ID(c.to_string()))
+    }
+    /// When the try may act (after the backoff of the try before).
+    async fn next_attempt_at(&self) -> DateTime<Utc> {
+        self.0.next_attempt_at
+    }
+    /// Why it waits, failed or ended, in words.
+    async fn note(&self) -> Option<&str> {
+        self.0.note.as_deref()
+    }
+    /// When the try was scheduled.
+    async fn created_at(&self) -> DateTime<Utc> {
+        self.0.created_at
+    }
+    /// When it last changed.
+    async fn updated_at(&self) -> DateTime<Utc> {
+        self.0.updated_at
+    }
+    /// When it ended; `null` while it is under way.
+    async fn finished_at(&self) -> Option<DateTime<Utc>> {
+        self.0.finished_at
     }
 }
 
 /// Nodes and GPUs of one pool in one bucket.
 #[derive(SimpleObject)]
 pub struct CapacityCount {
+    /// The bucket counted.
     pub bucket: CapacityBucket,
+    /// Nodes of the pool in this bucket.
     pub nodes: i64,
+    /// GPUs of those nodes, as their inventories report them.
     pub gpus: i64,
 }
 
 /// One pool's capacity, every bucket listed (zero where empty).
 #[derive(SimpleObject)]
+#[graphql(complex)]
 pub struct PoolCapacity {
+    /// The pool counted.
     pub pool_id: ID,
+    /// Every bucket in the order of the checks that lead to it, `SCHEDULABLE` first.
     pub buckets: Vec<CapacityCount>,
+    /// Nodes of the pool, deleted ones left out.
     pub total_nodes: i64,
+    /// GPUs of those nodes.
     pub total_gpus: i64,
 }
 
 /// One edge of `provisionStateTable`.
 #[derive(SimpleObject)]
 pub struct ProvisionEdge {
+    /// The move, as `transitionNode` takes it.
     #[graphql(name = "move")]
     pub action: ProvisionMove,
+    /// The states the move may start from.
     pub from: Vec<ProvisionState>,
     /// `null` for `RECOVER`, which returns to the node's `failedFrom`.
     pub to: Option<ProvisionState>,
 }
 
-/// Who the caller is.
+/// Who the caller is, as the server reads its token.
 #[derive(SimpleObject)]
 pub struct Viewer {
+    /// The token's subject: the person or agent, as events name them (`user:<subject>`).
     pub subject: String,
+    /// `viewer` (reads), `operator` (also changes nodes) or `admin` (also manages tenants,
+    /// sites, pools, identities and deletion).
     pub role: String,
+    /// The tenant the token is bound to: it sees and changes only what that tenant owns.
+    /// `null` for the platform's people.
     pub tenant_id: Option<ID>,
+    /// When the token expires; subscriptions end then.
     pub expires_at: DateTime<Utc>,
 }
 
 /// A join token (never its secret).
 #[derive(SimpleObject)]
 pub struct JoinToken {
+    /// The token's id (`jt_…`), the first part of what daemons present.
     pub id: ID,
+    /// The site joining nodes land in.
     pub site_id: ID,
     /// The pool joining nodes land in; decides their role.
     pub pool_id: Option<ID>,
+    /// What the admin wrote it was for.
     pub description: String,
+    /// After this, the token admits no joins.
     pub expires_at: DateTime<Utc>,
+    /// How many joins it admits in all.
     pub max_uses: i64,
+    /// How many joins it has admitted.
     pub uses: i64,
+    /// When it was revoked; `null` while it is not.
     pub revoked_at: Option<DateTime<Utc>>,
+    /// The actor who created it (`user:<subject>`).
     pub created_by: String,
+    /// When it was created.
     pub created_at: DateTime<Utc>,
 }
 
@@ -740,29 +1543,21 @@ impl From<bc_core::join::JoinToken> for JoinToken {
     }
 }
 
-/// A new join token and its secret, shown this once.
-#[derive(SimpleObject)]
-pub struct CreatedJoinToken {
-    pub token: JoinToken,
-    /// `<jt_…>.<secret>`: what the daemon presents to `/v1/join`.
-    pub secret: String,
-    /// SHA-256 (hex) of the CA certificate's DER, for the daemon to pin.
-    pub ca_certificate_sha256: String,
-}
-
 /// What a command does on the node.
 #[derive(Enum, Copy, Clone, Eq, PartialEq, Debug)]
 #[graphql(remote = "bc_core::command::CommandKind")]
 pub enum CommandKind {
-    /// `inventory.refresh`
+    /// `inventory.refresh`: re-read the machine's inventory and report the sections that
+    /// changed.
     InventoryRefresh,
-    /// `diag.nvml`
+    /// `diag.nvml`: NVIDIA GPU diagnostics (DCGM/NVML); acceptance runs it. `params.level`
+    /// picks the depth.
     DiagNvml,
-    /// `logs.collect`
+    /// `logs.collect`: collect logs (journal, dmesg, NVIDIA bug report) for support.
     LogsCollect,
-    /// `gpu.reset` (destructive)
+    /// `gpu.reset`: reset one GPU or all of them. Destructive: workloads on them die.
     GpuReset,
-    /// `node.reboot` (destructive)
+    /// `node.reboot`: reboot the machine. Destructive.
     NodeReboot,
 }
 
@@ -770,36 +1565,54 @@ pub enum CommandKind {
 #[derive(Enum, Copy, Clone, Eq, PartialEq, Debug)]
 #[graphql(remote = "bc_core::command::CommandStatus")]
 pub enum CommandStatus {
+    /// Waiting for the node's session, its lane, or `notBefore`.
     Queued,
+    /// Sent to the daemon, which has not said it started. Goes back to `QUEUED` if the
+    /// session drops.
     Dispatched,
+    /// The daemon started it.
     Running,
+    /// Finished with success; `result` and `output` hold what it found.
     Succeeded,
+    /// Finished with failure (or could not be delivered); `error` says why.
     Failed,
+    /// Ran longer than `timeoutSeconds`.
     TimedOut,
+    /// Cancelled by `cancelCommand` before it finished.
     Cancelled,
+    /// Still queued at `expiresAt`: never ran.
     Expired,
 }
 
-/// Commands of one lane of a node run one at a time, in order.
+/// Commands in one lane of a node run one at a time, in order; lanes run side by side.
 #[derive(Enum, Copy, Clone, Eq, PartialEq, Debug)]
 #[graphql(remote = "bc_core::command::Lane")]
 pub enum CommandLane {
+    /// Everything that touches the GPUs or the whole machine (`diag.nvml`, `gpu.reset`,
+    /// `node.reboot`): they queue behind each other.
     Gpu,
+    /// `inventory.refresh`, which only reads and may run beside a diagnostic.
     Inventory,
+    /// `logs.collect`, which never waits behind a stuck `GPU` lane.
     Logs,
 }
 
 /// A command sent to a node, and its result.
 pub struct Command(pub bc_core::command::Command);
 
+/// A command sent to one node (a diagnostic, a reset, a reboot, …), where it is in the
+/// queue, and its result.
 #[Object]
 impl Command {
+    /// The command's id (`cmd_…`).
     async fn id(&self) -> ID {
         ID(self.0.id.to_string())
     }
+    /// The node it runs on.
     async fn node_id(&self) -> ID {
         ID(self.0.node_id.to_string())
     }
+    /// What it does.
     async fn kind(&self) -> CommandKind {
         self.0.kind.into()
     }
@@ -807,12 +1620,15 @@ impl Command {
     async fn kind_name(&self) -> String {
         self.0.kind.to_string()
     }
+    /// The node's lane it queues in; commands in one lane run one at a time.
     async fn lane(&self) -> CommandLane {
         self.0.lane.into()
     }
+    /// The parameters it was sent with (for `diag.nvml`: `level`).
     async fn params(&self) -> Json<serde_json::Value> {
         Json(self.0.params.clone())
     }
+    /// Where it is: queued, on its way, running, or how it ended.
     async fn status(&self) -> CommandStatus {
         self.0.status.into()
     }
@@ -820,15 +1636,19 @@ impl Command {
     async fn destructive(&self) -> bool {
         self.0.kind.destructive()
     }
+    /// An admin sent it destructive to a node that was not cordoned.
     async fn force(&self) -> bool {
         self.0.force
     }
+    /// Not dispatched before this time.
     async fn not_before(&self) -> DateTime<Utc> {
         self.0.not_before
     }
+    /// How long it may run once started before it is `TIMED_OUT`.
     async fn timeout_seconds(&self) -> i64 {
         self.0.timeout.num_seconds()
     }
+    /// Still queued at this time, it is `EXPIRED` and never runs.
     async fn expires_at(&self) -> DateTime<Utc> {
         self.0.expires_at
     }
@@ -836,10 +1656,11 @@ impl Command {
     async fn attempts(&self) -> i32 {
         self.0.attempts
     }
+    /// The process's exit code on the node, once it finished.
     async fn exit_code(&self) -> Option<i32> {
         self.0.exit_code
     }
-    /// At most 64 KiB.
+    /// What it printed: the first 64 KiB, marked `…[truncated]` when there was more.
     async fn output(&self) -> &str {
         &self.0.output
     }
@@ -851,21 +1672,43 @@ impl Command {
     async fn error(&self) -> Option<&str> {
         self.0.error.as_deref()
     }
+    /// Who sent it: `user:<subject>`, or `controller:<name>` for acceptance.
     async fn created_by(&self) -> String {
         self.0.created_by.to_string()
     }
+    /// When it was queued.
     async fn created_at(&self) -> DateTime<Utc> {
         self.0.created_at
     }
+    /// When it was last sent to the daemon; `null` while it never was.
     async fn dispatched_at(&self) -> Option<DateTime<Utc>> {
         self.0.dispatched_at
     }
+    /// When the daemon said it started.
     async fn started_at(&self) -> Option<DateTime<Utc>> {
         self.0.started_at
     }
+    /// When it reached its final status.
     async fn finished_at(&self) -> Option<DateTime<Utc>> {
         self.0.finished_at
     }
 }
 
-pub type CommandConnection = async_graphql::connection::Connection<String, Command>;
+/// `totalCount` of a command list, counted only when a client asks for it.
+pub struct CommandListFields {
+    pub(crate) filter: crate::service::CommandFilter,
+}
+
+#[Object]
+impl CommandListFields {
+    /// How many commands match, across all pages.
+    async fn total_count(&self, ctx: &Context<'_>) -> async_graphql::Result<u64> {
+        let services = ctx.data::<Services>()?;
+        Ok(services
+            .count_commands(principal(ctx)?, self.filter.clone())
+            .await?)
+    }
+}
+
+pub type CommandConnection =
+    async_graphql::connection::Connection<String, Command, CommandListFields>;

@@ -14,8 +14,23 @@ use super::store::{events, nodes};
 use crate::auth::{Principal, Role};
 use crate::error::{ApiError, ApiResult};
 
+/// The actor of the changes a command's end makes to its node's conditions (proof steps).
+pub const PROOF_ACTOR: &str = "health";
+
+/// Whether an ended command of `kind` may advance or restart a condition's proof (it is named
+/// by some clear rule), so its end is taken to its node's conditions.
+fn may_prove(kind: bc_core::command::CommandKind) -> bool {
+    use bc_core::command::CommandKind;
+    matches!(
+        kind,
+        CommandKind::GpuReset | CommandKind::NodeReboot | CommandKind::DiagNvml
+    )
+}
+
 /// The most nodes one `sendCommand` may target.
 pub const MAX_COMMAND_TARGETS: u64 = 10_000;
+/// Commands read per page of a `commandUpdates` snapshot.
+const IN_FLIGHT_PAGE: u64 = 500;
 
 fn not_found(id: &CommandId) -> ApiError {
     ApiError::NotFound(format!("command `{id}` does not exist"))
@@ -153,8 +168,69 @@ impl Services {
         Ok((list, more))
     }
 
-    /// Loads, changes and saves one command with its event, in one transaction. The save is a
-    /// compare-and-set on the status: a change that lost a race is refused as INVALID_STATE.
+    /// The current state of the commands a `commandUpdates` subscription follows: the one
+    /// command named (whatever its status), else every command still in flight (queued,
+    /// dispatched or running) of the node named, or of every node visible, oldest first.
+    pub async fn commands_in_flight(
+        &self,
+        principal: &Principal,
+        node: Option<&NodeId>,
+        command: Option<&CommandId>,
+    ) -> ApiResult<Vec<Command>> {
+        if let Some(id) = command {
+            let command = self.command(principal, id).await?;
+            return Ok(node
+                .is_none_or(|n| &command.node_id == n)
+                .then_some(command)
+                .into_iter()
+                .collect());
+        }
+        let filter = CommandFilter {
+            node_ids: node.into_iter().cloned().collect(),
+            statuses: CommandStatus::ALL
+                .iter()
+                .copied()
+                .filter(|s| !s.is_final())
+                .collect(),
+            kinds: Vec::new(),
+            tenant: principal.tenant.clone(),
+        };
+        let mut all = Vec::new();
+        let mut before: Option<String> = None;
+        loop {
+            let page = commands::list(
+                self.store.db(),
+                &filter,
+                before.as_deref(),
+                IN_FLIGHT_PAGE + 1,
+            )
+            .await?;
+            let more = page.len() as u64 > IN_FLIGHT_PAGE;
+            all.extend(page.into_iter().take(IN_FLIGHT_PAGE as usize));
+            before = all.last().map(|c: &Command| c.id.to_string());
+            if !more {
+                break;
+            }
+        }
+        all.reverse();
+        Ok(all)
+    }
+
+    /// How many commands `filter` matches, of those the principal may see.
+    pub async fn count_commands(
+        &self,
+        principal: &Principal,
+        mut filter: CommandFilter,
+    ) -> ApiResult<u64> {
+        filter.tenant = principal.tenant.clone();
+        Ok(commands::count(self.store.db(), &filter).await?)
+    }
+
+    /// Loads, changes and saves one command with its event, in one transaction. The row is
+    /// locked as it is read (`FOR UPDATE`; SQLite has one writer), so a racing change waits
+    /// and then meets the winner's status, which the domain judges (`INVALID_STATE` about the
+    /// command). The save is a compare-and-set on the status all the same, the second guard:
+    /// should it ever miss, the command is read again and the refusal names its real status.
     async fn change_command(
         &self,
         id: &CommandId,
@@ -162,7 +238,29 @@ impl Services {
         visible_to: Option<&Principal>,
         change: impl FnOnce(&mut Command, DateTime<Utc>) -> Result<CommandStatus, bc_core::DomainError>,
     ) -> ApiResult<Command> {
+        self.change_command_proving(id, None, actor, visible_to, change)
+            .await
+    }
+
+    /// [`Services::change_command`], and, when `proving` names the command's node and the
+    /// command is one a clear rule may name (`gpu.reset`, `node.reboot`, `diag.nvml`), the
+    /// node's conditions take its end into account in the same transaction
+    /// ([`bc_core::node::NodeRecord::observe_command`], through
+    /// [`Services::change_node_in`]): a step of a proof satisfied, a condition proven and
+    /// cleared, or a proof restarted by a failed verification, each with its event. The node
+    /// row is locked before the command's (ARCHITECTURE.md, Invariants: lock order).
+    async fn change_command_proving(
+        &self,
+        id: &CommandId,
+        proving: Option<&NodeId>,
+        actor: &Actor,
+        visible_to: Option<&Principal>,
+        change: impl FnOnce(&mut Command, DateTime<Utc>) -> Result<CommandStatus, bc_core::DomainError>,
+    ) -> ApiResult<Command> {
         let txn = self.store.write().await?;
+        if let Some(node) = proving {
+            nodes::lock(&*txn, node).await?;
+        }
         let mut command = commands::load(&*txn, id, true)
             .await?
             .filter(|c| visible_to.is_none_or(|p| p.can_see(c.tenant_id.as_ref())))
@@ -170,12 +268,32 @@ impl Services {
         let now = self.clock.now();
         let from = change(&mut command, now)?;
         if !commands::save(&*txn, from, &command).await? {
-            return Err(ApiError::Conflict {
-                expected: 0,
-                current: 0,
-            });
+            let current = commands::load(&*txn, id, true)
+                .await?
+                .ok_or_else(|| not_found(id))?;
+            return Err(current.refusal(command.status).into());
         }
         events::append_command(&txn, &command, Some(from), actor, now);
+        if proving == Some(&command.node_id) && command.status.is_final() {
+            let health = Actor::Controller(PROOF_ACTOR.into());
+            let everyone = |_: &bc_core::node::NodeRecord| true;
+            let proved = self
+                .change_node_in(
+                    &txn,
+                    &health,
+                    &command.node_id,
+                    None,
+                    &everyone,
+                    &format!("proof:{}", command.id),
+                    |n, by, now| n.observe_command(&command, by, now),
+                )
+                .await;
+            match proved {
+                // A deleted node has nothing left to prove.
+                Ok(_) | Err(ApiError::NotFound(_)) => {}
+                Err(err) => return Err(err),
+            }
+        }
         txn.commit().await?;
         Ok(command)
     }
@@ -272,15 +390,17 @@ impl Services {
         actor: &Actor,
         change: impl FnOnce(&mut Command, DateTime<Utc>) -> Result<CommandStatus, bc_core::DomainError>,
     ) -> ApiResult<Command> {
-        let owned = commands::load(self.store.db(), id, false)
+        let Some(owned) = commands::load(self.store.db(), id, false)
             .await?
-            .is_some_and(|c| &c.node_id == node_id);
-        if !owned {
+            .filter(|c| &c.node_id == node_id)
+        else {
             return Err(ApiError::BadUserInput(format!(
                 "command `{id}` was not sent to this node"
             )));
-        }
-        self.change_command(id, actor, None, change).await
+        };
+        let proving = may_prove(owned.kind).then_some(node_id);
+        self.change_command_proving(id, proving, actor, None, change)
+            .await
     }
 
     /// The session of `epoch` ended: its dispatched and running commands are queued again for
@@ -323,27 +443,26 @@ impl Services {
         let candidates = commands::overdue_candidates(self.store.db(), now, limit).await?;
         let mut ended = Vec::new();
         for candidate in candidates {
-            let overdue = match candidate.status {
-                CommandStatus::Queued => candidate.expires_at <= now,
-                _ => candidate.deadline().is_some_and(|d| d <= now),
-            };
-            if !overdue {
+            if candidate.overdue(now).is_none() {
                 continue;
             }
+            // Judged again on the locked row: the candidate was read without a lock, and the
+            // command may have moved on since (dispatched, requeued, finished).
+            // A verification that timed out fails its proof: the node's conditions see it.
+            let proving = may_prove(candidate.kind).then_some(&candidate.node_id);
             let result = self
-                .change_command(&candidate.id, &controller, None, |c, now| match c.status {
-                    CommandStatus::Queued => c.expire(now),
-                    _ => c.time_out(now),
-                })
+                .change_command_proving(
+                    &candidate.id,
+                    proving,
+                    &controller,
+                    None,
+                    Command::end_overdue,
+                )
                 .await;
             match result {
                 Ok(command) => ended.push(command),
-                // Another writer ended it first: nothing to do.
-                Err(
-                    ApiError::InvalidState { .. }
-                    | ApiError::Conflict { .. }
-                    | ApiError::NotFound(_),
-                ) => {}
+                // Another writer moved it first: nothing to do.
+                Err(ApiError::InvalidState { .. } | ApiError::NotFound(_)) => {}
                 Err(other) => return Err(other),
             }
         }

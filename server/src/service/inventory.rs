@@ -1,21 +1,23 @@
 //! Inventory: a daemon's reported sections, and the Inventory controller that turns them
-//! into devices, labels, the GPU count, health conditions and the hardware key.
+//! into devices, labels, the GPU count, health and mismatch conditions and the hardware key,
+//! on every report and again when a pool's expectations change.
 
 use bc_core::Actor;
+use bc_core::catalog::HardwareProfile;
 use bc_core::hardware::hardware_key;
 use bc_core::health::Device;
-use bc_core::ids::NodeId;
+use bc_core::ids::{NodeId, PoolId};
 use std::collections::BTreeMap;
 
 use super::Services;
-use super::store::{catalog, inventory, nodes};
+use super::store::node_filter::NodeFilter;
+use super::store::{WriteTxn, catalog, inventory, nodes};
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
 
 impl Services {
     /// Stores one inventory section a daemon sent and, in the same transaction, runs the
-    /// Inventory controller over it: devices and atoms, inventory labels, the GPU count, the
-    /// health conditions with their `noScheduleReasons`, and the hardware key.
+    /// Inventory controller over the node's reports ([`Services::inventory_controller_in`]).
     pub async fn store_inventory_section(
         &self,
         node_id: &NodeId,
@@ -23,65 +25,119 @@ impl Services {
         hash: &str,
         content: serde_json::Value,
     ) -> ApiResult<()> {
-        let controller = Actor::Controller("inventory".into());
         let txn = self.store.write().await?;
         let now = self.clock.now();
-        let runs_controller = matches!(section, "gpus" | "system" | "network");
-        if runs_controller {
-            // The node row before its inventory rows (ARCHITECTURE.md, Invariants: lock
-            // order), since the controller changes the node below.
-            nodes::lock(&*txn, node_id).await?;
-        }
+        // The node row before its inventory rows (ARCHITECTURE.md, Invariants: lock order),
+        // since the controller changes the node below.
+        nodes::lock(&*txn, node_id).await?;
         inventory::put_section(&*txn, node_id, section, hash, content, now).await?;
-        if runs_controller {
-            let sections = inventory::sections(&*txn, node_id).await?;
-            let node = nodes::load(&*txn, node_id, false)
+        let cause = format!("inventory:{section}");
+        self.inventory_controller_in(&txn, node_id, &cause, section == "gpus")
+            .await?;
+        txn.commit().await?;
+        Ok(())
+    }
+
+    /// Runs the Inventory controller again over every live node of a pool, each in a
+    /// transaction of its own, against the pool's hardware profile as it is now: what
+    /// `updatePool` does when the expectations change, so that the mismatch conditions
+    /// follow at once rather than at each node's next report. Returns how many nodes
+    /// changed.
+    pub(crate) async fn reevaluate_pool_inventory(&self, pool_id: &PoolId) -> ApiResult<usize> {
+        /// Nodes read per page while walking the pool.
+        const PAGE: u64 = 500;
+        let filter = NodeFilter {
+            pool_ids: vec![pool_id.clone()],
+            ..NodeFilter::default()
+        };
+        let mut after: Option<String> = None;
+        let mut changed = 0;
+        loop {
+            let page = {
+                let read = self.store.read().await?;
+                nodes::list(&read, &filter, after.as_deref(), PAGE).await?
+            };
+            let Some(last) = page.last() else {
+                break;
+            };
+            after = Some(last.id.to_string());
+            for node in &page {
+                let txn = self.store.write().await?;
+                nodes::lock(&*txn, &node.id).await?;
+                let cause = format!("pool:{pool_id}");
+                if self
+                    .inventory_controller_in(&txn, &node.id, &cause, false)
+                    .await?
+                {
+                    changed += 1;
+                }
+                txn.commit().await?;
+            }
+            if (page.len() as u64) < PAGE {
+                break;
+            }
+        }
+        Ok(changed)
+    }
+
+    /// The Inventory controller for one node, inside the caller's transaction (the node row
+    /// already locked): reads every stored section and the pool's hardware profile, and
+    /// applies what they say ([`bc_core::health::interpret`]): devices and atoms, inventory
+    /// labels, the GPU count, the health and mismatch conditions with their
+    /// `noScheduleReasons`, and the hardware key. The devices are rewritten only when
+    /// `gpus_reported` (a fresh `gpus` section): other sections and a re-evaluation leave
+    /// them, and the placer's index of free atoms, alone. Returns whether the node changed.
+    async fn inventory_controller_in(
+        &self,
+        txn: &WriteTxn,
+        node_id: &NodeId,
+        cause: &str,
+        gpus_reported: bool,
+    ) -> ApiResult<bool> {
+        let controller = Actor::Controller("inventory".into());
+        let now = self.clock.now();
+        let sections = inventory::sections(&**txn, node_id).await?;
+        let node = nodes::load(&**txn, node_id, false)
+            .await?
+            .ok_or_else(|| ApiError::NotFound(format!("node `{node_id}` does not exist")))?;
+        let profile = match &node.pool_id {
+            Some(pool_id) => catalog::pool(&**txn, pool_id)
                 .await?
-                .ok_or_else(|| ApiError::NotFound(format!("node `{node_id}` does not exist")))?;
-            let expected_gpus = match &node.pool_id {
-                Some(pool_id) => catalog::pool(&*txn, pool_id)
-                    .await?
-                    .and_then(|p| p.hardware_profile.gpu_count),
-                None => None,
-            };
-            let facts = match sections.get("gpus") {
-                Some(gpus) => Some(
-                    bc_core::health::interpret_gpus(gpus, expected_gpus)
-                        .map_err(|e| ApiError::BadUserInput(e.to_string()))?,
-                ),
-                None => None,
-            };
-            // The key is recomputed only from a complete set of identifiers (both sections
-            // reported): sections arrive one by one, and a key from half of them would
-            // differ from the join's, or be untrusted, until the other half arrives.
-            let complete = sections.contains_key("system") && sections.contains_key("network");
-            let ids = if complete {
-                bc_core::health::identifiers(sections.get("system"), sections.get("network"))
-            } else {
-                BTreeMap::new()
-            };
-            let hw = hardware_key(&ids);
-            // A trusted key must be unique across live nodes: one already held by another
-            // node is kept, but untrusted, rather than letting two nodes claim one machine.
-            let held_elsewhere = match (&hw.key, hw.trusted) {
-                (Some(key), true) => nodes::by_trusted_hardware_key(&*txn, key)
-                    .await?
-                    .is_some_and(|other| &other != node_id),
-                _ => false,
-            };
-            let trusted = hw.trusted && !held_elsewhere;
-            self.change_node_in(
-                &txn,
+                .map(|p| p.hardware_profile)
+                .unwrap_or_default(),
+            None => HardwareProfile::default(),
+        };
+        let facts = bc_core::health::interpret(&sections, &profile)
+            .map_err(|e| ApiError::BadUserInput(e.to_string()))?;
+        // The key is recomputed only from a complete set of identifiers (both sections
+        // reported): sections arrive one by one, and a key from half of them would differ
+        // from the join's, or be untrusted, until the other half arrives.
+        let complete = sections.contains_key("system") && sections.contains_key("network");
+        let ids = if complete {
+            bc_core::health::identifiers(sections.get("system"), sections.get("network"))
+        } else {
+            BTreeMap::new()
+        };
+        let hw = hardware_key(&ids);
+        // A trusted key must be unique across live nodes: one already held by another node
+        // is kept, but untrusted, rather than letting two nodes claim one machine.
+        let held_elsewhere = match (&hw.key, hw.trusted) {
+            (Some(key), true) => nodes::by_trusted_hardware_key(&**txn, key)
+                .await?
+                .is_some_and(|other| &other != node_id),
+            _ => false,
+        };
+        let trusted = hw.trusted && !held_elsewhere;
+        let (_, changes) = self
+            .change_node_in(
+                txn,
                 &controller,
                 node_id,
                 None,
                 &|_| true,
-                &format!("inventory:{section}"),
+                cause,
                 |n, by, now| {
-                    let mut changes = match &facts {
-                        Some(facts) => n.apply_gpu_inventory(facts, by, now)?,
-                        None => Vec::new(),
-                    };
+                    let mut changes = n.apply_inventory(&facts, by, now)?;
                     if hw.key.is_some() {
                         changes.extend(n.set_hardware_key(hw.key.clone(), trusted));
                     }
@@ -89,12 +145,12 @@ impl Services {
                 },
             )
             .await?;
-            if let Some(facts) = &facts {
-                inventory::replace_devices(&*txn, node_id, &facts.devices, now).await?;
-            }
+        if let Some(devices) = &facts.devices
+            && gpus_reported
+        {
+            inventory::replace_devices(&**txn, node_id, devices, now).await?;
         }
-        txn.commit().await?;
-        Ok(())
+        Ok(!changes.is_empty())
     }
 
     /// A node's devices (GPUs) in name order, each with its atom, if the principal may see

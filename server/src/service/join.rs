@@ -5,7 +5,7 @@
 use bc_core::Actor;
 use bc_core::catalog::Placement;
 use bc_core::event::{Axis, Change, EventType};
-use bc_core::hardware::hardware_key;
+use bc_core::hardware::{hardware_key, same_machine};
 use bc_core::ids::{JoinTokenId, NodeId, PoolId, SiteId};
 use bc_core::join::{JoinToken, secret_hash};
 use bc_core::node::NodeRecord;
@@ -14,7 +14,8 @@ use bc_core::provision::JOIN_STATE;
 use chrono::{DateTime, Duration, Utc};
 
 use super::Services;
-use super::store::{catalog, events, join_tokens, nodes};
+use super::catalog::Page;
+use super::store::{WriteTxn, catalog, enrolled_identifiers, events, join_tokens, nodes};
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
 use crate::pki::NodeIdentity;
@@ -113,9 +114,21 @@ impl Services {
         Ok((token, format!("{id}.{secret_part}")))
     }
 
-    pub async fn join_tokens(&self, principal: &Principal) -> ApiResult<Vec<JoinToken>> {
+    /// `joinTokens(first, after)`: newest first (platform admins only).
+    pub async fn join_tokens(
+        &self,
+        principal: &Principal,
+        after: Option<&JoinTokenId>,
+        first: u64,
+    ) -> ApiResult<Page<JoinToken>> {
         principal.require_platform_admin()?;
-        Ok(join_tokens::all(self.store.db()).await?)
+        let list = join_tokens::page(self.store.db(), after, first + 1).await?;
+        Ok(Page::of(list, first))
+    }
+
+    pub async fn count_join_tokens(&self, principal: &Principal) -> ApiResult<u64> {
+        principal.require_platform_admin()?;
+        Ok(join_tokens::count(self.store.db()).await?)
     }
 
     pub async fn revoke_join_token(
@@ -192,12 +205,20 @@ impl Services {
             .map_err(|e| ApiError::BadUserInput(e.to_string()))?;
 
         let actor = Actor::System;
+        // The machine's node, if it has one: the live node holding its trusted hardware key
+        // (it joined before), else the one it was enrolled as through its BMC.
         let reclaimed = match (&hw.key, hw.trusted) {
-            (Some(key), true) => nodes::by_trusted_hardware_key(&*txn, key).await?,
+            (Some(key), true) => match nodes::by_trusted_hardware_key(&*txn, key).await? {
+                Some(id) => Some((id, "its hardware key")),
+                None => self
+                    .enrolled_as(&txn, &hw.identifiers)
+                    .await?
+                    .map(|id| (id, "the identifiers it was enrolled with")),
+            },
             _ => None,
         };
         let node = match reclaimed.clone() {
-            Some(existing_id) => {
+            Some((existing_id, matched_by)) => {
                 let existing = nodes::load(&*txn, &existing_id, true)
                     .await?
                     .ok_or_else(|| {
@@ -226,8 +247,14 @@ impl Services {
                                     None::<String>,
                                     Some(request.hostname.as_str()),
                                 )
-                                .with_detail(format!("join token {}", token.id)),
+                                .with_detail(format!(
+                                    "join token {}; the machine was recognised by {matched_by}",
+                                    token.id
+                                )),
                             );
+                            // An enrolled node takes the key of the daemon's identifiers, which
+                            // the inventory will report (unchanged for a node found by its key).
+                            changes.extend(n.set_hardware_key(hw.key.clone(), hw.trusted));
                             Ok(changes)
                         },
                     )
@@ -249,7 +276,15 @@ impl Services {
                     Some(JOIN_STATE.as_static_str()),
                 )
                 .with_detail(format!("join token {}", token.id));
-                events::append_node_changes(&txn, &node, &[change], &actor, Some("join"), now);
+                events::append_node_changes(
+                    &txn,
+                    None,
+                    &node,
+                    &[change],
+                    &actor,
+                    Some("join"),
+                    now,
+                )?;
                 node
             }
         };
@@ -262,6 +297,33 @@ impl Services {
         }
         metrics::counter!("bc_joins_total", "outcome" => if reclaimed.is_some() { "reclaimed" } else { "joined" }).increment(1);
         Ok(identity)
+    }
+
+    /// The live node a machine with these identifiers was enrolled as
+    /// ([`bc_core::hardware::same_machine`]), if any. Two such nodes are one machine enrolled
+    /// twice, which a join cannot choose between: refused, naming both.
+    async fn enrolled_as(
+        &self,
+        txn: &WriteTxn,
+        identifiers: &enrolled_identifiers::Identifiers,
+    ) -> ApiResult<Option<NodeId>> {
+        let mut matches: Vec<NodeId> = enrolled_identifiers::sharing_any(&**txn, identifiers)
+            .await?
+            .into_iter()
+            .filter(|(_, enrolled)| same_machine(enrolled, identifiers))
+            .map(|(id, _)| id)
+            .collect();
+        match matches.len() {
+            0 | 1 => Ok(matches.pop()),
+            _ => Err(ApiError::BadUserInput(format!(
+                "this machine's identifiers match several enrolled nodes ({}); delete all but one",
+                matches
+                    .iter()
+                    .map(|id| format!("`{id}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))),
+        }
     }
 
     /// Renewal with a current certificate: same node, same generation, a fresh lifetime.

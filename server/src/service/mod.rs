@@ -10,20 +10,26 @@
 //! **The boundary is enforced by the compiler**: [`store`] is a private child module and
 //! [`Services`]'s store a private field, so code outside `service` cannot reach a table.
 
+pub mod bare_metal;
 pub mod catalog;
 pub mod commands;
 pub mod events;
+pub mod history;
 pub mod inventory;
 pub mod join;
+pub mod leases;
 pub mod lifecycle;
 pub mod liveness;
 pub mod node_changes;
 pub mod nodes;
+pub mod placement;
+pub mod remediation;
 pub mod session_registry;
 pub mod sessions;
 mod store;
 #[cfg(feature = "test-support")]
 pub mod test_support;
+pub mod workflows;
 
 use bc_core::clock::Clock;
 use std::sync::Arc;
@@ -35,7 +41,9 @@ use store::Store;
 
 pub use store::capacity::CapacityRow;
 pub use store::commands::CommandFilter;
+pub use store::events::EventFilter;
 pub use store::node_filter::{LabelSelector, NodeFilter};
+pub use store::placement::{ModelCapacity, ReservationFilter};
 
 /// What every use case needs: storage, time, the CA, and this process's sessions.
 #[derive(Clone)]
@@ -44,6 +52,10 @@ pub struct Services {
     pub clock: Arc<dyn Clock>,
     pub ca: Arc<Ca>,
     pub sessions: Arc<SessionRegistry>,
+    /// Pools whose pending reservations wait for a retry (see [`placement`]).
+    pub placement_retry: Arc<placement::PlacementRetry>,
+    /// The BMC credential key and `[bare_metal]` (see [`bare_metal`]).
+    pub bare_metal: Arc<bare_metal::BareMetal>,
 }
 
 impl Services {
@@ -62,7 +74,16 @@ impl Services {
             clock,
             ca,
             sessions: Arc::default(),
+            placement_retry: Arc::default(),
+            bare_metal: Arc::new(bare_metal::BareMetal::ephemeral()),
         })
+    }
+
+    /// These services with the configured credential key and `[bare_metal]` settings
+    /// (`app::start` sets them; without, a throwaway key that dies with the process).
+    pub fn with_bare_metal(mut self, bare_metal: bare_metal::BareMetal) -> Self {
+        self.bare_metal = Arc::new(bare_metal);
+        self
     }
 
     /// Whether the database answers (`/readyz`).

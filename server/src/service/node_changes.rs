@@ -135,11 +135,54 @@ impl Services {
             if after.identity_generation != before.identity_generation {
                 sessions::close_open(&**txn, id, now).await?;
             }
-            events::append_node_changes(txn, &after, &changes, actor, Some(cause), now);
+            events::append_node_changes(
+                txn,
+                Some(&before),
+                &after,
+                &changes,
+                actor,
+                Some(cause),
+                now,
+            )?;
+            self.evict_after_change_in(txn, &after, &changes, actor)
+                .await?;
         }
         metrics::counter!("bc_node_changes_total", "cause" => cause.to_owned())
             .increment(changes.len() as u64);
         Ok((after, changes))
+    }
+
+    /// Placement's part of a node change, in the same transaction: a node that became `lost`
+    /// loses all its work, and a `NoExecute` taint evicts the work that does not tolerate it.
+    /// Both hold for every writer because every node change comes through here.
+    async fn evict_after_change_in(
+        &self,
+        txn: &WriteTxn,
+        after: &NodeRecord,
+        changes: &[Change],
+        actor: &Actor,
+    ) -> ApiResult<()> {
+        let became_lost = after.connectivity == bc_core::axes::Connectivity::Lost
+            && changes
+                .iter()
+                .any(|c| c.axis == bc_core::event::Axis::Connectivity);
+        let tainted = changes
+            .iter()
+            .any(|c| c.event_type == bc_core::event::EventType::NodeTainted);
+        if became_lost {
+            self.evict_from_node_in(
+                txn,
+                after,
+                true,
+                &format!("node {} is lost", after.id),
+                actor,
+            )
+            .await?;
+        } else if tainted {
+            self.evict_from_node_in(txn, after, false, "", actor)
+                .await?;
+        }
+        Ok(())
     }
 
     /// What follows a committed node change in this process: a replaced identity ends the

@@ -1,18 +1,20 @@
 //! Node use cases: read, list, and every change an operator makes.
 
 use bc_core::axes::TaintEffect;
-use bc_core::catalog::Placement;
+use bc_core::catalog::{Placement, Pool};
 use bc_core::event::{Change, EventType};
+use bc_core::hardware::{MIN_TRUSTED_IDENTIFIERS, hardware_key_of, same_machine};
 use bc_core::ids::{NodeId, PoolId, SiteId};
 use bc_core::node::NodeRecord;
-use bc_core::provision::{ENROLL_STATE, ProvisionMove};
+use bc_core::provision::ENROLL_STATE;
 use bc_core::view::NodeDetail;
 use chrono::{DateTime, SubsecRound, Utc};
 use sea_orm::ConnectionTrait;
 use std::collections::BTreeMap;
 
 use super::Services;
-use super::store::{capacity, catalog, events, nodes, sessions};
+use super::catalog::{Page, PoolFilter};
+use super::store::{WriteTxn, capacity, catalog, enrolled_identifiers, events, nodes, sessions};
 use super::{CapacityRow, NodeFilter};
 use crate::auth::{Principal, Role};
 use crate::error::{ApiError, ApiResult};
@@ -105,16 +107,31 @@ impl Services {
         conn: &impl ConnectionTrait,
         records: Vec<NodeRecord>,
     ) -> ApiResult<Vec<NodeDetail>> {
-        let db = conn;
-        let ids: Vec<String> = records.iter().map(|n| n.id.to_string()).collect();
+        self.views_of(conn, records, true).await
+    }
+
+    /// The API views of `records` on `conn`: with each node's session if `with_sessions`
+    /// (a past node, rebuilt from the log, has none: heartbeats are not versioned), and the
+    /// explanation computed for each record.
+    pub(super) async fn views_of(
+        &self,
+        conn: &impl ConnectionTrait,
+        records: Vec<NodeRecord>,
+        with_sessions: bool,
+    ) -> ApiResult<Vec<NodeDetail>> {
         let mut pool_ids: Vec<String> = records
             .iter()
             .filter_map(|n| n.pool_id.as_ref().map(ToString::to_string))
             .collect();
         pool_ids.sort();
         pool_ids.dedup();
-        let mut sessions = sessions::of_nodes(db, &ids).await?;
-        let owners = catalog::pool_owners(db, &pool_ids).await?;
+        let mut sessions = if with_sessions {
+            let ids: Vec<String> = records.iter().map(|n| n.id.to_string()).collect();
+            sessions::of_nodes(conn, &ids).await?
+        } else {
+            Default::default()
+        };
+        let owners = catalog::pool_owners(conn, &pool_ids).await?;
         Ok(records
             .into_iter()
             .map(|record| {
@@ -144,6 +161,27 @@ impl Services {
             version,
             "cordonNode",
             |n, actor, now| n.cordon(reason, actor, now),
+        )
+        .await
+    }
+
+    /// `clearNodeCondition`: an operator clears a `true` condition by hand with a reason of
+    /// their own, kept on the condition and in its event with the operator as the actor.
+    pub async fn clear_node_condition(
+        &self,
+        p: &Principal,
+        id: &NodeId,
+        version: i64,
+        condition: &str,
+        reason: &str,
+    ) -> ApiResult<NodeDetail> {
+        self.change_node(
+            p,
+            Role::Operator,
+            id,
+            version,
+            "clearNodeCondition",
+            |n, actor, now| n.clear_condition_by_hand(condition, reason, actor, now),
         )
         .await
     }
@@ -230,22 +268,6 @@ impl Services {
         .await
     }
 
-    /// Any move of the provision state table (`adopt`, `retire` and the bare-metal workflow).
-    pub async fn move_node(
-        &self,
-        p: &Principal,
-        id: &NodeId,
-        version: i64,
-        action: ProvisionMove,
-        reason: Option<&str>,
-    ) -> ApiResult<NodeDetail> {
-        let cause = format!("provision:{action}");
-        self.change_node(p, Role::Operator, id, version, &cause, |n, _, _| {
-            n.apply_move(action, reason)
-        })
-        .await
-    }
-
     /// `revokeIdentity`: every certificate of the current identity generation stops working.
     pub async fn revoke_node_identity(
         &self,
@@ -274,22 +296,100 @@ impl Services {
     }
 
     /// `metal.enroll`: a bare-metal machine known by its BMC enters as `enrolling`.
+    ///
+    /// `identifiers` are the machine's as its BMC reports them (`(name, value)`, names as a
+    /// daemon's join names them: `system-uuid`, `mac`, …). They give the node its hardware key
+    /// and are kept, so that the daemon which later boots on the machine is recognised as
+    /// this node ([`bc_core::hardware::same_machine`]) instead of joining as a second one. At
+    /// least two independent kinds must survive normalisation; a machine already known (by
+    /// its key, or enrolled with matching identifiers) is refused, naming its node. Without
+    /// identifiers the node has no key, and a daemon on the machine joins as a new node.
     pub async fn enroll_node(
         &self,
         principal: &Principal,
         hostname: &str,
         site_id: &SiteId,
         pool_id: Option<&PoolId>,
+        identifiers: &[(String, String)],
     ) -> ApiResult<NodeDetail> {
-        principal.require(Role::Admin)?;
         let txn = self.store.write().await?;
-        let site = catalog::site(&*txn, site_id)
+        let record = self
+            .enroll_in(
+                &txn,
+                principal,
+                hostname,
+                site_id,
+                pool_id,
+                identifiers,
+                "enrollNode",
+            )
+            .await?;
+        txn.commit().await?;
+        self.detail_of(self.store.db(), vec![record])
+            .await?
+            .pop()
+            .ok_or_else(|| ApiError::internal(anyhow::anyhow!("enrolled node vanished")))
+    }
+
+    /// The enrolment itself, in the caller's transaction: an admin's, with the identifiers
+    /// checked against every known machine, the node written `enrolling` with its hardware
+    /// key and identifiers, and its `node.enrolled` event (caused by `cause`). Shared by
+    /// `enrollNode` and `enrollBareMetalNode`, so a machine enrolled either way is the same
+    /// machine to JoinService.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn enroll_in(
+        &self,
+        txn: &WriteTxn,
+        principal: &Principal,
+        hostname: &str,
+        site_id: &SiteId,
+        pool_id: Option<&PoolId>,
+        identifiers: &[(String, String)],
+        cause: &str,
+    ) -> ApiResult<NodeRecord> {
+        principal.require(Role::Admin)?;
+        for (name, _) in identifiers {
+            bc_core::hardware::validate_identifier_name(name)?;
+        }
+        let hw = hardware_key_of(identifiers.iter().map(|(n, v)| (n.as_str(), v.as_str())));
+        if !identifiers.is_empty() && !hw.trusted {
+            return Err(ApiError::BadUserInput(format!(
+                "a machine is enrolled with at least {MIN_TRUSTED_IDENTIFIERS} independent identifiers (say its system UUID and a MAC) that are not placeholders; these leave {}",
+                match hw
+                    .identifiers
+                    .keys()
+                    .map(String::as_str)
+                    .collect::<Vec<_>>()
+                    .as_slice()
+                {
+                    [] => "none".to_owned(),
+                    kinds => kinds.join(", "),
+                }
+            )));
+        }
+        if let Some(key) = hw.key.as_deref().filter(|_| hw.trusted) {
+            if let Some(known) = nodes::by_trusted_hardware_key(&**txn, key).await? {
+                return Err(ApiError::BadUserInput(format!(
+                    "this machine is node `{known}` already (the same hardware key)"
+                )));
+            }
+            for (known, enrolled) in
+                enrolled_identifiers::sharing_any(&**txn, &hw.identifiers).await?
+            {
+                if same_machine(&enrolled, &hw.identifiers) {
+                    return Err(ApiError::BadUserInput(format!(
+                        "this machine is enrolled as node `{known}` already (matching identifiers)"
+                    )));
+                }
+            }
+        }
+        let site = catalog::site(&**txn, site_id)
             .await?
             .filter(|s| principal.can_see(s.owner_tenant_id.as_ref()))
             .ok_or_else(|| ApiError::NotFound(format!("site `{site_id}` does not exist")))?;
         let pool = match pool_id {
             Some(pool_id) => Some(
-                catalog::pool(&*txn, pool_id)
+                catalog::pool(&**txn, pool_id)
                     .await?
                     .filter(|p| p.site_id == site.id)
                     .ok_or_else(|| {
@@ -301,11 +401,14 @@ impl Services {
             None => None,
         };
         let now = self.clock.now();
-        let record = NodeRecord::new(
+        let mut record = NodeRecord::new(
             Placement::new_node(hostname, &site, pool.as_ref(), ENROLL_STATE),
             now,
         )?;
-        nodes::insert(&*txn, &record).await?;
+        record.hardware_key = hw.key;
+        record.hardware_key_trusted = hw.trusted;
+        nodes::insert(&**txn, &record).await?;
+        enrolled_identifiers::insert(&**txn, &record.id, &hw.identifiers).await?;
         let change = Change::new(
             EventType::NodeEnrolled,
             bc_core::event::Axis::Lifecycle,
@@ -313,32 +416,35 @@ impl Services {
             Some(ENROLL_STATE.as_static_str()),
         );
         events::append_node_changes(
-            &txn,
+            txn,
+            None,
             &record,
             &[change],
             &principal.actor(),
-            Some("enrollNode"),
+            Some(cause),
             now,
-        );
-        txn.commit().await?;
-        self.detail_of(self.store.db(), vec![record])
-            .await?
-            .pop()
-            .ok_or_else(|| ApiError::internal(anyhow::anyhow!("enrolled node vanished")))
+        )?;
+        Ok(record)
     }
 
     /// Capacity of each visible pool, by bucket.
-    pub async fn capacity(
+    /// `capacity(poolIds, first, after)`: a page of pools, as `pools` pages them, each with
+    /// its nodes and GPUs by bucket, counted in one grouped query for the page.
+    pub async fn pool_capacity(
         &self,
         principal: &Principal,
-        pool_ids: &[PoolId],
-    ) -> ApiResult<Vec<CapacityRow>> {
-        let visible = catalog::pools(self.store.db(), principal.tenant.as_ref(), None).await?;
-        let wanted: Vec<String> = visible
-            .into_iter()
-            .filter(|p| pool_ids.is_empty() || pool_ids.contains(&p.id))
-            .map(|p| p.id.to_string())
-            .collect();
-        Ok(capacity::by_pool(self.store.db(), &wanted).await?)
+        filter: &PoolFilter,
+        after: Option<&PoolId>,
+        first: u64,
+    ) -> ApiResult<Page<(Pool, Vec<CapacityRow>)>> {
+        let page = self.pools(principal, filter, after, first).await?;
+        let ids: Vec<String> = page.items.iter().map(|p| p.id.to_string()).collect();
+        let mut rows = capacity::by_pool(self.store.db(), &ids).await?;
+        Ok(page.map(|pool| {
+            let id = pool.id.as_str();
+            let (of_pool, rest) = rows.drain(..).partition(|r| r.pool_id == id);
+            rows = rest;
+            (pool, of_pool)
+        }))
     }
 }

@@ -9,7 +9,7 @@ use bc_core::schedule::CapacityBucket;
 use std::collections::HashMap;
 
 use super::Services;
-use super::store::{capacity, events, nodes};
+use super::store::{capacity, events, inventory, nodes};
 use crate::error::ApiResult;
 
 /// The key of PostgreSQL's transaction-scoped advisory lock that orders event writers, so
@@ -23,6 +23,21 @@ impl Services {
         let txn = self.store.write().await?;
         for record in records {
             nodes::insert(&*txn, record).await?;
+        }
+        txn.commit().await?;
+        Ok(())
+    }
+
+    /// Gives each node these devices, as an inventory report would (the placer's count of
+    /// free atoms included), in one transaction, without the report or its events.
+    pub async fn replace_devices_for_tests(
+        &self,
+        devices: &[(NodeId, Vec<bc_core::health::Device>)],
+    ) -> ApiResult<()> {
+        let txn = self.store.write().await?;
+        let now = self.clock.now();
+        for (node, list) in devices {
+            inventory::replace_devices(&*txn, node, list, now).await?;
         }
         txn.commit().await?;
         Ok(())

@@ -64,11 +64,14 @@ async fn send_command(
         input.as_object_mut().unwrap().extend(extra);
     }
     let answer = s
-        .gql(Some(token), &format!("mutation($input: SendCommandInput!) {{ sendCommand(input: $input) {{ {COMMAND_FIELDS} }} }}"), json!({"input": input}))
+        .gql(Some(token), &format!("mutation($input: SendCommandInput!) {{ sendCommand(input: $input) {{ commands {{ {COMMAND_FIELDS} }} }} }}"), json!({"input": input}))
         .await;
     match answer.body["errors"].is_array() {
         true => Err(answer.error().clone()),
-        false => Ok(answer.data()["sendCommand"].as_array().unwrap().clone()),
+        false => Ok(answer.data()["sendCommand"]["commands"]
+            .as_array()
+            .unwrap()
+            .clone()),
     }
 }
 
@@ -85,7 +88,7 @@ async fn cordon(s: &TestServer, node: &str) {
     let version = crate::raw_daemon::node(s, node).await["version"]
         .as_i64()
         .unwrap();
-    s.admin("mutation($id: ID!, $v: Int!) { cordonNode(input: {id: $id, version: $v, reason: \"maintenance\"}) { version } }", json!({"id": node, "v": version}))
+    s.admin("mutation($id: ID!, $v: Int!) { cordonNode(input: {id: $id, version: $v, reason: \"maintenance\"}) { node { version } } }", json!({"id": node, "v": version}))
         .await;
 }
 
@@ -207,7 +210,7 @@ async fn destructive_commands_need_a_cordon_or_an_admins_force() {
         let bulk = s
             .gql(
                 Some(s.admin_token()),
-                "mutation($ids: [ID!]) { sendCommand(input: {nodeIds: $ids, kind: GPU_RESET}) { id } }",
+                "mutation($ids: [ID!]) { sendCommand(input: {nodeIds: $ids, kind: GPU_RESET}) { commands { id } } }",
                 json!({"ids": [live.node_id, leased.id.to_string()]}),
             )
             .await;
@@ -258,13 +261,13 @@ async fn a_cancel_racing_a_result_keeps_the_first_final_state() {
 
         let cancelled = s
             .admin(
-                &format!("mutation($id: ID!) {{ cancelCommand(id: $id) {{ {COMMAND_FIELDS} }} }}"),
+                &format!("mutation($id: ID!) {{ cancelCommand(input: {{id: $id}}) {{ command {{ {COMMAND_FIELDS} }} }} }}"),
                 json!({"id": id}),
             )
             .await;
-        assert_eq!(cancelled["cancelCommand"]["status"], "CANCELLED");
+        assert_eq!(cancelled["cancelCommand"]["command"]["status"], "CANCELLED");
         assert!(
-            cancelled["cancelCommand"]["error"]
+            cancelled["cancelCommand"]["command"]["error"]
                 .as_str()
                 .unwrap()
                 .contains("cancelled by user:test-admin")
@@ -294,7 +297,7 @@ async fn a_cancel_racing_a_result_keeps_the_first_final_state() {
         let again = s
             .gql(
                 Some(s.admin_token()),
-                "mutation($id: ID!) { cancelCommand(id: $id) { id } }",
+                "mutation($id: ID!) { cancelCommand(input: {id: $id}) { command { id } } }",
                 json!({"id": id}),
             )
             .await;
@@ -311,7 +314,7 @@ async fn a_cancel_racing_a_result_keeps_the_first_final_state() {
         .unwrap();
         let queued_id = queued[0]["id"].as_str().unwrap();
         s.admin(
-            "mutation($id: ID!) { cancelCommand(id: $id) { id } }",
+            "mutation($id: ID!) { cancelCommand(input: {id: $id}) { command { id } } }",
             json!({"id": queued_id}),
         )
         .await;
@@ -517,6 +520,142 @@ async fn commands_left_dispatched_by_a_crashed_session_are_redelivered_to_the_ne
             (again["status"].as_str(), again["attempts"].as_i64()),
             (Some("DISPATCHED"), Some(2))
         );
+    })
+    .await;
+}
+
+/// A connection of the test's own (a pool of one), to hold a command's row the way a racing
+/// writer would.
+async fn own_connection(s: &TestServer) -> sea_orm::DatabaseConnection {
+    let mut options = sea_orm::ConnectOptions::new(s.database_url().to_owned());
+    options.max_connections(1).sqlx_logging(false);
+    sea_orm::Database::connect(options).await.unwrap()
+}
+
+/// How long a SQLite test gives the server to reach the write it must wait at: SQLite cannot
+/// say who waits, and the server only needs to run a read first. (Well within the server's
+/// SQLite busy timeout, after which its write would fail.)
+const SQLITE_SETTLE: Duration = Duration::from_millis(500);
+
+/// Returns once the server waits for the row `holder` has locked: on PostgreSQL when a
+/// backend of the test database waits for a lock, on SQLite after [`SQLITE_SETTLE`].
+async fn until_the_server_waits(s: &TestServer, watcher: &sea_orm::DatabaseConnection) {
+    use sea_orm::ConnectionTrait;
+    if s.backend != bc_testing::Backend::Postgres {
+        tokio::time::sleep(SQLITE_SETTLE).await;
+        return;
+    }
+    wait_until(async || {
+        let row = watcher
+            .query_one_raw(sea_orm::Statement::from_string(
+                sea_orm::DbBackend::Postgres,
+                "SELECT count(*) AS waiting FROM pg_stat_activity \
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            ))
+            .await
+            .unwrap()
+            .unwrap();
+        row.try_get::<i64>("", "waiting").unwrap() > 0
+    })
+    .await;
+}
+
+/// A change to a command that loses a race with another writer is judged on the status the
+/// winner left, and answered in words about the command (issue 15, item 7: it was `CONFLICT`
+/// with `currentVersion: 0`, a node's answer with a version commands do not have). The test
+/// plays the winner from a connection of its own: it changes the command's row in a
+/// transaction it holds open until the server's change waits for it, then commits.
+///
+/// - A cancel that loses to the daemon's result: `INVALID_STATE`, "already finished".
+/// - The timing controller that found a queued command overdue and loses to a dispatch: the
+///   command is dispatched now and far from its deadline, so it is left alone (it used to be
+///   timed out on the spot, the controller deciding on the status it had read unlocked).
+#[tokio::test]
+async fn a_command_change_that_loses_a_race_is_judged_on_the_winners_status() {
+    use sea_orm::{ConnectionTrait, TransactionTrait};
+    each_backend(async |s| {
+        let (site, pool) = s.site_and_pool(8).await;
+        let node = s.enroll(&site, &pool, "gpu-race").await["id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let holder = own_connection(s).await;
+        let watcher = own_connection(s).await;
+
+        // The cancel and the result.
+        let sent = send_command(s, s.admin_token(), &node, "INVENTORY_REFRESH", json!({}))
+            .await
+            .unwrap();
+        let id = sent[0]["id"].as_str().unwrap().to_owned();
+        let held = holder.begin().await.unwrap();
+        held.execute_unprepared(&format!(
+            "UPDATE commands SET status = 'succeeded', finished_at = not_before WHERE id = '{id}'"
+        ))
+        .await
+        .unwrap();
+        let cancel = tokio::spawn({
+            let (url, token, id) = (s.url(), s.admin_token().to_owned(), id.clone());
+            async move {
+                reqwest::Client::new()
+                    .post(format!("{url}/graphql"))
+                    .bearer_auth(token)
+                    .json(&json!({
+                        "query": "mutation($id: ID!) { cancelCommand(input: { id: $id }) { command { status } } }",
+                        "variables": { "id": id },
+                    }))
+                    .send()
+                    .await
+                    .unwrap()
+                    .json::<Value>()
+                    .await
+                    .unwrap()
+            }
+        });
+        until_the_server_waits(s, &watcher).await;
+        held.commit().await.unwrap();
+        let answer = cancel.await.unwrap();
+        let error = &answer["errors"][0];
+        assert_eq!(error["extensions"]["code"], "INVALID_STATE", "{answer:#}");
+        assert_eq!(
+            error["message"],
+            format!("command {id} already finished (SUCCEEDED): only a QUEUED, DISPATCHED or RUNNING command can be cancelled")
+        );
+        assert_eq!(command(s, &id).await["status"], "SUCCEEDED");
+
+        // The controller and a dispatch.
+        let sent = send_command(
+            s,
+            s.admin_token(),
+            &node,
+            "LOGS_COLLECT",
+            json!({"expiresInSeconds": 60}),
+        )
+        .await
+        .unwrap();
+        let id = sent[0]["id"].as_str().unwrap().to_owned();
+        s.clock.advance(chrono::Duration::seconds(61));
+        let held = holder.begin().await.unwrap();
+        // Dispatched (by the clock) a moment ago: its deadline is its timeout away.
+        held.execute_unprepared(&format!(
+            "UPDATE commands SET status = 'dispatched', dispatched_at = expires_at, \
+             session_epoch = 1, attempts = 1 WHERE id = '{id}'"
+        ))
+        .await
+        .unwrap();
+        let tick = tokio::spawn({
+            let mut controller = CommandTimingController::new(s.server.services.clone());
+            async move { controller.tick().await }
+        });
+        until_the_server_waits(s, &watcher).await;
+        held.commit().await.unwrap();
+        let report = tick.await.unwrap().unwrap();
+        assert_eq!((report.expired, report.timed_out), (0, 0), "{report:?}");
+        let after = command(s, &id).await;
+        assert_eq!(after["status"], "DISPATCHED", "{after:#}");
+        assert!(after["error"].is_null(), "{after:#}");
+
+        holder.close().await.unwrap();
+        watcher.close().await.unwrap();
     })
     .await;
 }

@@ -98,7 +98,7 @@ async fn check_api(s: &TestServer) {
         .gql(Some(s.admin_token()), "{ __typename }", json!({}))
         .await;
     assert_eq!(data.status, 200);
-    assert_eq!(data.data()["__typename"], "QueryRoot");
+    assert_eq!(data.data()["__typename"], "Query");
 }
 
 /// A page of the dashboard: `index.html`, uncompressed.

@@ -122,7 +122,7 @@ async fn every_refused_join_says_why_and_creates_nothing() {
         let used = s.join_token(&site, Some(&pool), 1).await;
         join(s, &Machine::new(), &used, "first").await;
         let revoked = s.join_token(&site, Some(&pool), 5).await;
-        s.admin("mutation($id: ID!) { revokeJoinToken(id: $id) { revokedAt } }", json!({"id": revoked.split_once('.').unwrap().0}))
+        s.admin("mutation($id: ID!) { revokeJoinToken(input: {id: $id}) { joinToken { revokedAt } } }", json!({"id": revoked.split_once('.').unwrap().0}))
             .await;
         let expiring = s
             .admin(
@@ -164,8 +164,8 @@ async fn every_refused_join_says_why_and_creates_nothing() {
         }
         assert_eq!(node_count(s).await, before, "a refused join created a node");
         // The good token was never spent by the refusals.
-        let tokens = s.admin("{ joinTokens { id uses } }", json!({})).await;
-        let good_token = tokens["joinTokens"].as_array().unwrap().iter().find(|t| t["id"] == token_id).unwrap().clone();
+        let tokens = s.admin("{ joinTokens { nodes { id uses } } }", json!({})).await;
+        let good_token = tokens["joinTokens"]["nodes"].as_array().unwrap().iter().find(|t| t["id"] == token_id).unwrap().clone();
         assert_eq!(good_token["uses"], 0);
         join(s, &machine, &good, "gpu-x").await;
     })
@@ -186,7 +186,7 @@ async fn replaced_identities_and_foreign_certificates_are_refused_at_the_gateway
         // Revocation ends the live session at once and refuses the old certificate after.
         let version = node(s, &first.node_id).await["version"].as_i64().unwrap();
         s.admin(
-            "mutation($id: ID!, $v: Int!) { revokeNodeIdentity(input: {id: $id, version: $v, reason: \"key leaked\"}) { identityGeneration } }",
+            "mutation($id: ID!, $v: Int!) { revokeNodeIdentity(input: {id: $id, version: $v, reason: \"key leaked\"}) { node { identityGeneration } } }",
             json!({"id": first.node_id, "v": version}),
         )
         .await;
@@ -342,14 +342,14 @@ async fn garbage_closes_only_that_session_and_loses_nothing() {
                 false,
                 vec![Garbage::Text("{{{".into())],
                 CloseCode::Policy,
-                "malformed",
+                "not JSON",
             ),
             (
                 "unknown type",
                 false,
                 vec![Garbage::Text(r#"{"type":"selfDestruct"}"#.into())],
                 CloseCode::Policy,
-                "malformed",
+                "unknown message type `selfDestruct`",
             ),
             (
                 "unknown field",
@@ -358,7 +358,7 @@ async fn garbage_closes_only_that_session_and_loses_nothing() {
                     r#"{"type":"heartbeat","seq":1,"evil":true}"#.into(),
                 )],
                 CloseCode::Policy,
-                "malformed",
+                "malformed `heartbeat` message: unknown field `evil`",
             ),
             (
                 "binary frame",
@@ -474,6 +474,97 @@ async fn garbage_closes_only_that_session_and_loses_nothing() {
         .await
         .unwrap();
         assert_eq!(renewed.status().as_u16(), 200);
+    })
+    .await;
+}
+
+/// `enrollNode` records the machine's identity (issue 15, item 7: it created a node without a
+/// hardware key, so the daemon that booted on the machine joined as a second node): the join
+/// of that machine's daemon claims the enrolled node; a machine that shares an identifier but
+/// contradicts another does not; identity too thin to tell machines apart is refused, and so
+/// is enrolling a machine that is a node already.
+#[tokio::test]
+async fn an_enrolled_machine_is_claimed_by_its_own_daemon_and_no_other() {
+    each_backend(async |s| {
+        let (site, pool) = s.site_and_pool(8).await;
+        let secret = s.join_token(&site, Some(&pool), 10).await;
+        let enroll = async |hostname: &str, identifiers: Value| {
+            s.gql(
+                Some(s.admin_token()),
+                "mutation($input: EnrollNodeInput!) { enrollNode(input: $input) { node { id hardwareKeyTrusted } } }",
+                json!({ "input": { "siteId": site, "poolId": pool, "hostname": hostname, "identifiers": identifiers } }),
+            )
+            .await
+        };
+        let machine = Machine::new();
+        let uuid = machine.identifiers["system-uuid"].clone();
+        let serial = machine.identifiers["board-serial"].clone();
+
+        for (identifiers, field, needle) in [
+            (json!([{ "name": "system-uuid", "value": uuid }]), None, "at least 2 independent identifiers"),
+            (
+                json!([{ "name": "system-uuid", "value": "00000000-0000-0000-0000-000000000000" },
+                       { "name": "board-serial", "value": "To Be Filled By O.E.M." }]),
+                None,
+                "these leave none",
+            ),
+            (
+                json!([{ "name": "system_uuid", "value": uuid }, { "name": "board-serial", "value": serial }]),
+                Some("input.identifiers[0].name"),
+                "not a machine identifier",
+            ),
+        ] {
+            let refused = enroll("bm-thin", identifiers).await;
+            assert_eq!(refused.code(), Some("BAD_USER_INPUT"), "{:#}", refused.body);
+            let error = refused.error();
+            assert!(error["message"].as_str().unwrap().contains(needle), "{error:#}");
+            if let Some(field) = field {
+                assert_eq!(error["extensions"]["field"], field);
+            }
+        }
+        assert_eq!(node_count(s).await, 0, "a refused enrolment created a node");
+
+        let enrolled = enroll(
+            "bm-001",
+            json!([{ "name": "system-uuid", "value": uuid.to_uppercase() },
+                   { "name": "board-serial", "value": serial },
+                   { "name": "system-serial", "value": "SYS-1" }]),
+        )
+        .await
+        .data()["enrollNode"]["node"]
+            .clone();
+        assert_eq!(enrolled["hardwareKeyTrusted"], true);
+        let enrolled_id = enrolled["id"].as_str().unwrap().to_owned();
+        let again = enroll(
+            "bm-001-again",
+            json!([{ "name": "system-uuid", "value": uuid }, { "name": "board-serial", "value": serial }]),
+        )
+        .await;
+        assert_eq!(again.code(), Some("BAD_USER_INPUT"), "{:#}", again.body);
+        assert!(again.error()["message"].as_str().unwrap().contains(&enrolled_id));
+
+        // Another machine with the same board serial (a swapped board) but its own UUID.
+        let mut impostor = Machine::new();
+        impostor.identifiers.insert("board-serial".into(), serial.clone());
+        let other = join(s, &impostor, &secret, "impostor").await;
+        assert_ne!(other.node_id, enrolled_id);
+
+        // The machine's own daemon, which reports its identifiers in its own spelling.
+        let claimed = join(s, &machine, &secret, "gpu-from-the-daemon").await;
+        assert_eq!(claimed.node_id, enrolled_id);
+        assert_eq!(claimed.identity_generation, 2);
+        assert_eq!(node_count(s).await, 2);
+        let n = node(s, &enrolled_id).await;
+        assert_eq!(n["provisionState"], "ENROLLING");
+        assert_eq!(n["hardwareKeyTrusted"], true);
+        // Now a node by its hardware key: enrolling it again is refused too.
+        let joined = enroll(
+            "bm-twice",
+            json!(machine.identifiers.iter().map(|(k, v)| json!({"name": k, "value": v})).collect::<Vec<_>>()),
+        )
+        .await;
+        assert_eq!(joined.code(), Some("BAD_USER_INPUT"), "{:#}", joined.body);
+        assert!(joined.error()["message"].as_str().unwrap().contains(&enrolled_id));
     })
     .await;
 }

@@ -339,7 +339,7 @@ async fn with_the_api_full_an_admin_request_and_open_sessions_still_work() {
                 s,
                 loopback(3),
                 Some(s.admin_token()),
-                "mutation { createTenant(name: \"while-full\") { id } }",
+                "mutation { createTenant(input: {name: \"while-full\"}) { tenant { id } } }",
             )
             .await;
             eprintln!(
@@ -348,7 +348,10 @@ async fn with_the_api_full_an_admin_request_and_open_sessions_still_work() {
                 ms(started.elapsed())
             );
             assert_eq!(status, 200, "{body:#}");
-            assert!(body["data"]["createTenant"]["id"].is_string(), "{body:#}");
+            assert!(
+                body["data"]["createTenant"]["tenant"]["id"].is_string(),
+                "{body:#}"
+            );
             // The open subscription saw it.
             let event = subscriber.next_data("e", "events", WAIT).await.unwrap();
             assert_eq!(event["type"], "tenant.created", "{event:#}");
@@ -614,7 +617,7 @@ async fn a_subscription_socket_that_stops_answering_pings_is_closed() {
                 "the live client is open: {quiet:?}"
             );
             s.admin(
-                "mutation { createTenant(name: \"ping\") { id } }",
+                "mutation { createTenant(input: {name: \"ping\"}) { tenant { id } } }",
                 json!({}),
             )
             .await;
@@ -810,7 +813,7 @@ async fn an_operation_after_expiry_is_refused() {
             client
                 .subscribe(
                     "late",
-                    "mutation { createTenant(name: \"late\") { id } }",
+                    "mutation { createTenant(input: {name: \"late\"}) { tenant { id } } }",
                     json!({}),
                 )
                 .await
@@ -827,9 +830,9 @@ async fn an_operation_after_expiry_is_refused() {
                 }
                 Err(_) => assert_eq!(client.closed().map(|(code, _)| *code), Some(4403)),
             }
-            let tenants = s.admin("{ tenants { name } }", json!({})).await;
+            let tenants = s.admin("{ tenants { nodes { name } } }", json!({})).await;
             assert!(
-                !tenants["tenants"]
+                !tenants["tenants"]["nodes"]
                     .as_array()
                     .unwrap()
                     .iter()

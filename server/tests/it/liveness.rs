@@ -13,7 +13,9 @@ use better_compute::config::LivenessConfig;
 use better_compute::controllers::liveness::{
     CAUSE_HEARD_AGAIN, CAUSE_LOST, CAUSE_TIMEOUT, EVENT_PAUSED, EVENT_RESUMED,
 };
-use better_compute::controllers::{DrainController, LivenessController, LivenessReport};
+use better_compute::controllers::{
+    DrainController, DrainReport, LivenessController, LivenessReport,
+};
 use chrono::{DateTime, Duration, Utc};
 use sea_orm::ActiveValue::Set;
 use sea_orm::sea_query::Expr;
@@ -587,7 +589,7 @@ async fn a_restarted_controller_gives_daemons_one_grace_to_reconnect() {
 }
 
 #[tokio::test]
-async fn a_passed_drain_deadline_ends_the_drain() {
+async fn a_drain_on_a_node_that_runs_nothing_ends_at_the_next_tick() {
     each_backend(async |s| {
         s.server.stop_controllers().await;
         let mut drains = DrainController::new(s.server.services.clone());
@@ -609,55 +611,55 @@ async fn a_passed_drain_deadline_ends_the_drain() {
         s.insert_nodes(&[with_deadline.clone(), without_deadline.clone()])
             .await;
 
-        s.clock.advance(Duration::minutes(59));
+        // A drain whose node holds no allocation ends at the next tick, deadline or not
+        // (the node runs nothing, so nothing is left to wait for).
         let report = drains.tick().await.expect("a drain tick");
-        assert_eq!(report.finished, 0, "{report:?}");
-
-        s.clock.advance(Duration::minutes(1));
-        let report = drains.tick().await.expect("a drain tick");
-        assert_eq!(report.finished, 1, "{report:?}");
-        let node = load(s, &with_deadline.id).await;
-        assert!(node.drain.is_none());
-        assert!(!node.has_reason(&ReasonKey::Draining), "`draining` is gone");
-        assert!(
-            node.cordoned(),
-            "still cordoned until an operator uncordons"
-        );
-        assert_eq!(node.version, with_deadline.version + 1);
-        let finished = node_events(s, &node.id)
-            .await
-            .into_iter()
-            .filter(|e| e.actor.to_string() == "controller:drain")
-            .map(|e| {
-                (
-                    e.event_type.to_string(),
-                    e.cause,
-                    e.data["detail"].as_str().map(str::to_owned),
-                )
-            })
-            .collect::<Vec<_>>();
-        let cause = Some("drain:deadline-passed".to_owned());
-        assert_eq!(
-            finished,
-            [
-                (
-                    "node.no_schedule_reason_removed".to_owned(),
-                    cause.clone(),
-                    None
-                ),
-                (
-                    "node.drain_finished".to_owned(),
-                    cause,
-                    Some("deadline passed".to_owned())
-                ),
-            ]
-        );
-
-        let other = load(s, &without_deadline.id).await;
-        assert!(other.drain.is_some() && other.has_reason(&ReasonKey::Draining));
+        assert_eq!((report.finished, report.drained), (0, 2), "{report:?}");
+        for drained in [&with_deadline, &without_deadline] {
+            let node = load(s, &drained.id).await;
+            assert!(node.drain.is_none());
+            assert!(!node.has_reason(&ReasonKey::Draining), "`draining` is gone");
+            assert!(
+                node.cordoned(),
+                "still cordoned until an operator uncordons"
+            );
+            assert_eq!(node.version, drained.version + 1);
+            let finished = node_events(s, &node.id)
+                .await
+                .into_iter()
+                .filter(|e| e.actor.to_string() == "controller:drain")
+                .map(|e| {
+                    (
+                        e.event_type.to_string(),
+                        e.cause,
+                        e.data["detail"].as_str().map(str::to_owned),
+                    )
+                })
+                .collect::<Vec<_>>();
+            let cause = Some("drain:no-allocations".to_owned());
+            assert_eq!(
+                finished,
+                [
+                    (
+                        "node.no_schedule_reason_removed".to_owned(),
+                        cause.clone(),
+                        None
+                    ),
+                    (
+                        "node.drained".to_owned(),
+                        cause,
+                        Some("no allocations left".to_owned())
+                    ),
+                ]
+            );
+        }
 
         s.clock.advance(Duration::days(1));
-        assert_eq!(drains.tick().await.expect("a drain tick").finished, 0);
+        assert_eq!(
+            drains.tick().await.expect("a drain tick"),
+            DrainReport::default(),
+            "nothing is left to end"
+        );
     })
     .await;
 }

@@ -77,12 +77,15 @@ impl Mutation {
     fn input_type(self) -> &'static str {
         match self {
             Mutation::Cordon => "CordonNodeInput",
-            Mutation::Uncordon | Mutation::Adopt | Mutation::Delete => "NodeVersionInput",
+            Mutation::Uncordon => "UncordonNodeInput",
+            Mutation::Adopt => "AdoptNodeInput",
+            Mutation::Delete => "DeleteNodeInput",
             Mutation::Drain => "DrainNodeInput",
             Mutation::Taint => "TaintNodeInput",
             Mutation::Untaint => "UntaintNodeInput",
             Mutation::Label => "LabelNodeInput",
-            Mutation::Retire | Mutation::RevokeIdentity => "ReasonedNodeInput",
+            Mutation::Retire => "RetireNodeInput",
+            Mutation::RevokeIdentity => "RevokeNodeIdentityInput",
             Mutation::Transition => "TransitionNodeInput",
         }
     }
@@ -201,7 +204,7 @@ async fn call(
         input.extend(args.clone());
     }
     let query = format!(
-        "mutation($input: {}!) {{ {}(input: $input) {{ ...NodeFields }} }} {NODE_FIELDS}",
+        "mutation($input: {}!) {{ {}(input: $input) {{ node {{ ...NodeFields }} }} }} {NODE_FIELDS}",
         m.input_type(),
         m.field()
     );
@@ -719,7 +722,7 @@ async fn check_success(
     )
     .await;
     assert_eq!(response.status, 200, "{label}");
-    let after = &response.data()[case.mutation.field()];
+    let after = &response.data()[case.mutation.field()]["node"];
     assert_eq!(
         after["version"],
         json!(2),
@@ -816,7 +819,7 @@ async fn a_stale_version_is_a_conflict_naming_the_current_version() {
             // The version the error names is the one that works.
             let retry = call(s, Some(&token(s, m.role())), m, id_of(&before), 7, &args).await;
             assert_eq!(
-                retry.data()[m.field()]["version"],
+                retry.data()[m.field()]["node"]["version"],
                 json!(8),
                 "{label}: retry"
             );
@@ -1259,7 +1262,7 @@ async fn a_call_that_changes_nothing_keeps_the_version_and_writes_no_event() {
             let label = format!("{name} ({:?})", s.backend);
             let before = fixture(s, &place, Adopted, *prep, 1).await;
             let response = call(s, Some(&token(s, m.role())), *m, id_of(&before), 1, args).await;
-            let after = &response.data()[m.field()];
+            let after = &response.data()[m.field()]["node"];
             assert_eq!(after, &before, "{label}: the answer is the node as it was");
             assert_eq!(after["version"], json!(1), "{label}");
             assert!(events(after).is_empty(), "{label}: no event");
@@ -1294,7 +1297,7 @@ async fn drain_cordons_and_keeps_draining_with_its_deadline_until_uncordon() {
             &json!({ "reason": "firmware update", "deadline": deadline.to_rfc3339() }),
         )
         .await;
-        let drained = response.data()["drainNode"].clone();
+        let drained = response.data()["drainNode"]["node"].clone();
         assert_eq!(drained["cordoned"], json!(true));
         assert_eq!(
             time(&drained["cordon"]["at"]),
@@ -1333,7 +1336,7 @@ async fn drain_cordons_and_keeps_draining_with_its_deadline_until_uncordon() {
             &json!({ "reason": "firmware update", "deadline": later.to_rfc3339() }),
         )
         .await;
-        let redrained = response.data()["drainNode"].clone();
+        let redrained = response.data()["drainNode"]["node"].clone();
         assert_eq!(redrained["version"], json!(3));
         assert_eq!(time(&redrained["drain"]["startedAt"]), started);
         assert_eq!(time(&redrained["drain"]["deadline"]), later);
@@ -1348,7 +1351,7 @@ async fn drain_cordons_and_keeps_draining_with_its_deadline_until_uncordon() {
         assert_eq!(node(s, id).await, redrained, "stored as answered");
 
         let response = call(s, Some(&operator), Mutation::Uncordon, id, 3, &json!({})).await;
-        let uncordoned = &response.data()["uncordonNode"];
+        let uncordoned = &response.data()["uncordonNode"]["node"];
         assert_eq!(uncordoned["version"], json!(4));
         assert_eq!(uncordoned["cordoned"], json!(false));
         assert_eq!(uncordoned["cordon"], Value::Null);
@@ -1385,7 +1388,7 @@ async fn a_no_schedule_taint_is_a_reason_with_what_clears_it_until_untainted() {
             &json!({ "key": "gpu-burn" }),
         )
         .await;
-        let tainted = response.data()["taintNode"].clone();
+        let tainted = response.data()["taintNode"]["node"].clone();
         assert_eq!(tainted["taints"][0]["effect"], json!("NO_SCHEDULE"));
         assert_eq!(tainted["noScheduleReasons"], json!(["taint:gpu-burn"]));
         let schedulability = &tainted["schedulability"];
@@ -1414,7 +1417,7 @@ async fn a_no_schedule_taint_is_a_reason_with_what_clears_it_until_untainted() {
         )
         .await;
         assert_eq!(
-            response.data()["taintNode"]["noScheduleReasons"],
+            response.data()["taintNode"]["node"]["noScheduleReasons"],
             json!(["taint:gpu-burn"])
         );
 
@@ -1427,7 +1430,7 @@ async fn a_no_schedule_taint_is_a_reason_with_what_clears_it_until_untainted() {
             &json!({ "key": "gpu-burn" }),
         )
         .await;
-        let untainted = &response.data()["untaintNode"];
+        let untainted = &response.data()["untaintNode"]["node"];
         assert_eq!(untainted["version"], json!(4));
         assert_eq!(untainted["noScheduleReasons"], json!([]));
         assert_eq!(untainted["schedulability"]["reasons"], json!([]));
@@ -1456,9 +1459,9 @@ async fn a_deleted_node_is_gone_from_the_api_but_its_history_stays() {
             &json!({ "set": [{ "key": "rack", "value": "r1" }] }),
         )
         .await;
-        assert_eq!(response.data()["labelNode"]["version"], json!(2));
+        assert_eq!(response.data()["labelNode"]["node"]["version"], json!(2));
         let response = call(s, Some(&admin), Mutation::Delete, &id, 2, &json!({})).await;
-        let deleted = &response.data()["deleteNode"];
+        let deleted = &response.data()["deleteNode"]["node"];
         assert_eq!(deleted["version"], json!(3));
         assert_eq!(deleted["identityGeneration"], json!(2));
 
@@ -1539,7 +1542,7 @@ async fn a_drain_deadline_is_kept_to_the_microsecond() {
         let deadline = "2099-01-01T12:00:00.123456789Z";
         let args = json!({ "reason": "firmware update", "deadline": deadline });
         let response = call(s, Some(&operator), Mutation::Drain, id, 1, &args).await;
-        let drained = response.data()["drainNode"].clone();
+        let drained = response.data()["drainNode"]["node"].clone();
         assert_eq!(
             time(&drained["drain"]["deadline"]),
             time(&json!("2099-01-01T12:00:00.123456Z")),
@@ -1554,7 +1557,7 @@ async fn a_drain_deadline_is_kept_to_the_microsecond() {
         );
         let again = call(s, Some(&operator), Mutation::Drain, id, 2, &args).await;
         assert_eq!(
-            again.data()["drainNode"],
+            again.data()["drainNode"]["node"],
             drained,
             "{:?}: the same drain again changes nothing",
             s.backend

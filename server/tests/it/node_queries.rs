@@ -1,7 +1,7 @@
 //! The read side of the API over real HTTP, on SQLite and PostgreSQL: the `nodes` connection
 //! (paging, `totalCount`, every field of `NodeFilterInput`), `capacity`, a node's `events`,
-//! `provisionStateTable`, `tenants`/`sites`/`pools`, and the validation of `createSite` and
-//! `createPool`.
+//! `provisionStateTable`, the catalog's connections (`tenants`, `sites`, `pools`,
+//! `joinTokens`), and the validation of `createSite` and `createPool`.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -22,8 +22,9 @@ fn gql_enum(kebab: &str) -> String {
     kebab.replace('-', "_").to_uppercase()
 }
 
-fn id_of(data: &Value, field: &str) -> String {
-    data[field]["id"]
+/// The id of what a create mutation answers: `data[field][object]["id"]`.
+fn id_of(data: &Value, field: &str, object: &str) -> String {
+    data[field][object]["id"]
         .as_str()
         .unwrap_or_else(|| panic!("{field} returns an id: {data}"))
         .to_owned()
@@ -32,11 +33,11 @@ fn id_of(data: &Value, field: &str) -> String {
 async fn create_tenant(s: &TestServer, name: &str) -> String {
     let data = s
         .admin(
-            "mutation($name: String!) { createTenant(name: $name) { id } }",
+            "mutation($name: String!) { createTenant(input: {name: $name}) { tenant { id } } }",
             json!({ "name": name }),
         )
         .await;
-    id_of(&data, "createTenant")
+    id_of(&data, "createTenant", "tenant")
 }
 
 async fn create_site(s: &TestServer, name: &str, owner: Option<&str>) -> String {
@@ -47,34 +48,37 @@ async fn create_site(s: &TestServer, name: &str, owner: Option<&str>) -> String 
     };
     let data = s
         .admin(
-            "mutation($input: CreateSiteInput!) { createSite(input: $input) { id } }",
+            "mutation($input: CreateSiteInput!) { createSite(input: $input) { site { id } } }",
             json!({ "input": { "name": name, "kind": kind, "ownerTenantId": owner } }),
         )
         .await;
-    id_of(&data, "createSite")
+    id_of(&data, "createSite", "site")
 }
 
 async fn create_pool(s: &TestServer, input: Value) -> String {
     let data = s
         .admin(
-            "mutation($input: CreatePoolInput!) { createPool(input: $input) { id } }",
+            "mutation($input: CreatePoolInput!) { createPool(input: $input) { pool { id } } }",
             json!({ "input": input }),
         )
         .await;
-    id_of(&data, "createPool")
+    id_of(&data, "createPool", "pool")
 }
 
 const FILTERED_COUNT: &str = "query($f: NodeFilterInput) { nodes(filter: $f) { totalCount } }";
 const FIRST_ZERO: &str = "{ nodes(first: 0) { pageInfo { hasNextPage } edges { cursor } } }";
 const PAGE_COUNT: &str =
     "query($first: Int, $after: String) { nodes(first: $first, after: $after) { totalCount } }";
-const CAPACITY: &str = "query($pools: [ID!]) { capacity(poolIds: $pools) {
+const CAPACITY: &str = "query($pools: [ID!]) { capacity(poolIds: $pools) { nodes {
     poolId totalNodes totalGpus buckets { bucket nodes gpus }
-} }";
-const SCOPE: &str = "{ tenants { id } sites { id } pools { id } }";
-const CATALOG: &str = "{ tenants { name } sites { name } pools { name siteId } }";
-const SITE: &str = "mutation($input: CreateSiteInput!) { createSite(input: $input) { id } }";
-const POOL: &str = "mutation($input: CreatePoolInput!) { createPool(input: $input) { id } }";
+} } }";
+const SCOPE: &str = "{ tenants { nodes { id } } sites { nodes { id } } pools { nodes { id } } }";
+const CATALOG: &str =
+    "{ tenants { nodes { name } } sites { nodes { name } } pools { nodes { name siteId } } }";
+const SITE: &str =
+    "mutation($input: CreateSiteInput!) { createSite(input: $input) { site { id } } }";
+const POOL: &str =
+    "mutation($input: CreatePoolInput!) { createPool(input: $input) { pool { id } } }";
 
 /// The first label of a hostname: the fleet's nodes are named by it.
 fn short(hostname: &str) -> String {
@@ -818,7 +822,7 @@ async fn capacity_lists_every_bucket_of_every_pool_with_node_and_gpu_counts() {
             })
         };
         let by_pool = |data: &Value| -> BTreeMap<String, Value> {
-            data["capacity"]
+            data["capacity"]["nodes"]
                 .as_array()
                 .expect("a list")
                 .iter()
@@ -874,7 +878,7 @@ async fn capacity_lists_every_bucket_of_every_pool_with_node_and_gpu_counts() {
         let response = s
             .gql(Some(&token), CAPACITY, json!({ "pools": [f.p1] }))
             .await;
-        assert_eq!(response.data()["capacity"], json!([]));
+        assert_eq!(response.data()["capacity"]["nodes"], json!([]));
 
         let response = s
             .gql(
@@ -897,19 +901,21 @@ async fn mutate(s: &TestServer, mutation: &str, id: &str, version: i64, extra: V
     let input_type = match mutation {
         "labelNode" => "LabelNodeInput",
         "cordonNode" => "CordonNodeInput",
-        "uncordonNode" => "NodeVersionInput",
+        "uncordonNode" => "UncordonNodeInput",
         "taintNode" => "TaintNodeInput",
         other => panic!("no input type for {other}"),
     };
     let data = s
         .admin(
             &format!(
-                "mutation($input: {input_type}!) {{ {mutation}(input: $input) {{ version }} }}"
+                "mutation($input: {input_type}!) {{ {mutation}(input: $input) {{ node {{ version }} }} }}"
             ),
             json!({ "input": input }),
         )
         .await;
-    data[mutation]["version"].as_i64().expect("a version")
+    data[mutation]["node"]["version"]
+        .as_i64()
+        .expect("a version")
 }
 
 #[tokio::test]
@@ -1088,9 +1094,9 @@ async fn tenants_sites_and_pools_are_listed_by_name_within_scope() {
         let own = create_pool(s, own).await;
 
         let data = s
-            .admin("{ tenants { id name createdAt } }", json!({}))
+            .admin("{ tenants { nodes { id name createdAt } } }", json!({}))
             .await;
-        let tenants: Vec<(&str, &str)> = data["tenants"]
+        let tenants: Vec<(&str, &str)> = data["tenants"]["nodes"]
             .as_array()
             .expect("a list")
             .iter()
@@ -1108,10 +1114,13 @@ async fn tenants_sites_and_pools_are_listed_by_name_within_scope() {
         );
 
         let data = s
-            .admin("{ sites { id name kind ownerTenantId } }", json!({}))
+            .admin(
+                "{ sites { nodes { id name kind ownerTenantId } } }",
+                json!({}),
+            )
             .await;
         assert_eq!(
-            data["sites"],
+            data["sites"]["nodes"],
             json!([
                 { "id": home, "name": "acme-home", "kind": "CUSTOM", "ownerTenantId": acme },
                 { "id": dc1, "name": "dc1", "kind": "PLATFORM", "ownerTenantId": null },
@@ -1119,10 +1128,10 @@ async fn tenants_sites_and_pools_are_listed_by_name_within_scope() {
             ])
         );
 
-        let pools_query = "query($site: ID) { pools(siteId: $site) {
+        let pools_query = "query($site: ID) { pools(siteId: $site) { nodes {
             id siteId name kind agent ownerTenantId expectedGpuCount expectedGpuModel
             drivers { key value }
-        } }";
+        } } }";
         let gpu_json = json!({
             "id": gpu, "siteId": dc1, "name": "gpu", "kind": "METAL_HOST", "agent": "BCD",
             "ownerTenantId": null, "expectedGpuCount": 8, "expectedGpuModel": "H100",
@@ -1155,7 +1164,7 @@ async fn tenants_sites_and_pools_are_listed_by_name_within_scope() {
         ];
         for (site, want) in cases {
             assert_eq!(
-                s.admin(pools_query, json!({ "site": site })).await["pools"],
+                s.admin(pools_query, json!({ "site": site })).await["pools"]["nodes"],
                 want,
                 "{:?}: pools(siteId: {site})",
                 s.backend
@@ -1181,8 +1190,161 @@ async fn tenants_sites_and_pools_are_listed_by_name_within_scope() {
         assert_eq!(
             response.data(),
             &json!({
-                "tenants": [{ "id": acme }], "sites": [{ "id": home }], "pools": [{ "id": own }]
+                "tenants": { "nodes": [{ "id": acme }] },
+                "sites": { "nodes": [{ "id": home }] },
+                "pools": { "nodes": [{ "id": own }] },
             })
+        );
+    })
+    .await;
+}
+
+/// Every page of a catalog connection, two items at a time: the ids in order, and whether
+/// each page's `pageInfo` and `totalCount` told the truth.
+async fn every_page(s: &TestServer, token: &str, field: &str, arguments: &str) -> Vec<String> {
+    let id = if field == "capacity" { "poolId" } else { "id" };
+    let query = format!(
+        "query($after: String) {{ {field}(first: 2, after: $after{arguments}) {{
+            totalCount pageInfo {{ hasNextPage hasPreviousPage endCursor }}
+            edges {{ cursor node {{ {id} }} }}
+        }} }}"
+    );
+    let mut ids = Vec::new();
+    let mut after = Value::Null;
+    loop {
+        let response = s.gql(Some(token), &query, json!({ "after": after })).await;
+        let page = &response.data()[field];
+        let edges = page["edges"].as_array().expect("edges");
+        assert!(edges.len() <= 2, "{field}: a page holds at most `first`");
+        for edge in edges {
+            assert_eq!(
+                edge["cursor"], edge["node"][id],
+                "{field}: the cursor is the id"
+            );
+            ids.push(edge["node"][id].as_str().expect("an id").to_owned());
+        }
+        assert_eq!(page["pageInfo"]["hasPreviousPage"], json!(!after.is_null()));
+        let total = page["totalCount"].as_u64().expect("a total");
+        if page["pageInfo"]["hasNextPage"] == json!(false) {
+            assert_eq!(
+                total,
+                ids.len() as u64,
+                "{field}: totalCount counts every page"
+            );
+            return ids;
+        }
+        assert!(
+            edges.len() == 2 && ids.len() < 100,
+            "{field}: a full page before the next"
+        );
+        after = page["pageInfo"]["endCursor"].clone();
+    }
+}
+
+/// `tenants`, `sites`, `pools`, `capacity` and `joinTokens` are connections: paged by cursor
+/// (the item's id) in a stable order, names shared across sites included, with a total, and
+/// a cursor that names nothing the list (as the caller sees it) holds is refused.
+#[tokio::test]
+async fn catalog_lists_page_by_cursor_in_a_stable_order_with_their_totals() {
+    each_backend(async |s| {
+        let admin = s.admin_token().to_owned();
+        let mut tenants = Vec::new();
+        for name in ["t3", "t1", "t4", "t0", "t2"] {
+            tenants.push((name, create_tenant(s, name).await));
+        }
+        tenants.sort();
+        let mut sites = Vec::new();
+        for name in ["s2", "s0", "s4", "s1", "s3"] {
+            sites.push((name, create_site(s, name, None).await));
+        }
+        sites.sort();
+        // Two sites with pools of the same names: the id orders pools of one name.
+        let mut pools = Vec::new();
+        for (_, site) in &sites[..2] {
+            for name in ["b", "a", "c"] {
+                let pool = json!({ "siteId": site, "name": name, "kind": "METAL_HOST" });
+                pools.push((name, create_pool(s, pool).await));
+            }
+        }
+        pools.sort();
+        let mut tokens = Vec::new();
+        for _ in 0..5 {
+            let secret = s.join_token(&sites[0].1, None, 1).await;
+            tokens.push(
+                secret
+                    .split_once('.')
+                    .expect("`<id>.<secret>`")
+                    .0
+                    .to_owned(),
+            );
+        }
+        tokens.reverse();
+        let ids =
+            |list: &[(&str, String)]| list.iter().map(|(_, id)| id.clone()).collect::<Vec<_>>();
+
+        assert_eq!(every_page(s, &admin, "tenants", "").await, ids(&tenants));
+        assert_eq!(every_page(s, &admin, "sites", "").await, ids(&sites));
+        assert_eq!(every_page(s, &admin, "pools", "").await, ids(&pools));
+        assert_eq!(every_page(s, &admin, "capacity", "").await, ids(&pools));
+        assert_eq!(
+            every_page(s, &admin, "joinTokens", "").await,
+            tokens,
+            "newest first"
+        );
+        let site = &sites[1].1;
+        let of_site: Vec<String> =
+            every_page(s, &admin, "pools", &format!(", siteId: \"{site}\"")).await;
+        assert_eq!(of_site.len(), 3, "{:?}: pools(siteId)", s.backend);
+        let named = format!(
+            ", poolIds: [\"{}\", \"{}\", \"{}\"]",
+            pools[0].1, pools[3].1, pools[5].1
+        );
+        assert_eq!(
+            every_page(s, &admin, "capacity", &named).await,
+            vec![pools[0].1.clone(), pools[3].1.clone(), pools[5].1.clone()]
+        );
+
+        // Cursors that name nothing the list holds.
+        let tenant = TenantId::parse(&tenants[0].1).expect("a tenant id");
+        let own_site = create_site(s, "own", Some(&tenants[0].1)).await;
+        let tenant_token = s.mint(
+            "t0-viewer",
+            ApiRole::Viewer,
+            Some(&tenant),
+            chrono::Duration::hours(1),
+        );
+        let refused = [
+            (&admin, "sites", "site_nosuchsite".to_owned()),
+            (&admin, "sites", tenants[0].1.clone()),
+            (&admin, "tenants", "ten_nosuchtenant".to_owned()),
+            (&admin, "pools", sites[0].1.clone()),
+            (&admin, "joinTokens", "node_x".to_owned()),
+            (&tenant_token, "sites", sites[0].1.clone()),
+            (&tenant_token, "tenants", tenants[1].1.clone()),
+        ];
+        for (token, field, after) in refused {
+            let response = s
+                .gql(
+                    Some(token),
+                    &format!("query($after: String) {{ {field}(after: $after) {{ totalCount }} }}"),
+                    json!({ "after": after }),
+                )
+                .await;
+            assert_eq!(
+                response.code(),
+                Some("BAD_USER_INPUT"),
+                "{:?}: {field}(after: {after}): {:#}",
+                s.backend,
+                response.body
+            );
+        }
+        assert_eq!(
+            every_page(s, &tenant_token, "sites", "").await,
+            vec![own_site]
+        );
+        assert_eq!(
+            every_page(s, &tenant_token, "tenants", "").await,
+            vec![tenants[0].1.clone()]
         );
     })
     .await;
@@ -1202,7 +1364,8 @@ async fn create_site_and_create_pool_refuse_bad_input() {
         )
         .await;
 
-        const TENANT: &str = "mutation($name: String!) { createTenant(name: $name) { id } }";
+        const TENANT: &str =
+            "mutation($name: String!) { createTenant(input: {name: $name}) { tenant { id } } }";
         let site = |input: Value| (SITE, json!({ "input": input }));
         let pool = |input: Value| (POOL, json!({ "input": input }));
         let cases: Vec<(&str, (&str, Value), &str)> = vec![
@@ -1329,9 +1492,11 @@ async fn create_site_and_create_pool_refuse_bad_input() {
         assert_eq!(
             data,
             json!({
-                "tenants": [{ "name": "acme" }, { "name": "globex" }],
-                "sites": [{ "name": "acme-home" }, { "name": "dc1" }, { "name": "dc2" }],
-                "pools": [{ "name": "gpu", "siteId": dc1 }],
+                "tenants": { "nodes": [{ "name": "acme" }, { "name": "globex" }] },
+                "sites": {
+                    "nodes": [{ "name": "acme-home" }, { "name": "dc1" }, { "name": "dc2" }]
+                },
+                "pools": { "nodes": [{ "name": "gpu", "siteId": dc1 }] },
             })
         );
         // A pool name is unique per site, not globally.

@@ -24,11 +24,11 @@ fn exponential_fragments(levels: usize) -> String {
     for level in 0..levels {
         let next = level + 1;
         query.push_str(&format!(
-            "fragment F{level} on QueryRoot {{ ...F{next} ...F{next} }}\n"
+            "fragment F{level} on Query {{ ...F{next} ...F{next} }}\n"
         ));
     }
     query.push_str(&format!(
-        "fragment F{levels} on QueryRoot {{ viewer {{ subject }} }}\n"
+        "fragment F{levels} on Query {{ viewer {{ subject }} }}\n"
     ));
     query
 }
@@ -134,7 +134,7 @@ async fn the_standard_introspection_query_works_when_signed_in() {
             response.body.to_string().len()
         );
         let schema = &response.data()["__schema"];
-        assert_eq!(schema["queryType"]["name"], json!("QueryRoot"));
+        assert_eq!(schema["queryType"]["name"], json!("Query"));
         let types = schema["types"].as_array().expect("a list of types");
         let node = types
             .iter()

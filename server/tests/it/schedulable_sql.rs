@@ -46,10 +46,10 @@ impl World {
         let b = create_tenant(s, "tenant-b").await;
         let site = s
             .admin(
-                "mutation { createSite(input: {name: \"dc1\", kind: PLATFORM}) { id } }",
+                "mutation { createSite(input: {name: \"dc1\", kind: PLATFORM}) { site { id } } }",
                 json!({}),
             )
-            .await["createSite"]["id"]
+            .await["createSite"]["site"]["id"]
             .as_str()
             .map(|id| SiteId::parse(id).expect("a site id"))
             .expect("createSite returns an id");
@@ -84,11 +84,16 @@ impl World {
 async fn create_tenant(s: &TestServer, name: &str) -> TenantId {
     let data = s
         .admin(
-            "mutation($name: String!) { createTenant(name: $name) { id } }",
+            "mutation($name: String!) { createTenant(input: {name: $name}) { tenant { id } } }",
             json!({ "name": name }),
         )
         .await;
-    TenantId::parse(data["createTenant"]["id"].as_str().expect("a tenant id")).expect("valid")
+    TenantId::parse(
+        data["createTenant"]["tenant"]["id"]
+            .as_str()
+            .expect("a tenant id"),
+    )
+    .expect("valid")
 }
 
 async fn create_pool(
@@ -102,16 +107,21 @@ async fn create_pool(
             "mutation($site: ID!, $name: String!, $owner: ID) {
                 createPool(input: {
                     siteId: $site, name: $name, kind: METAL_HOST, ownerTenantId: $owner
-                }) { id ownerTenantId }
+                }) { pool { id ownerTenantId } }
             }",
             json!({ "site": site.as_str(), "name": name, "owner": owner.map(TenantId::as_str) }),
         )
         .await;
     assert_eq!(
-        data["createPool"]["ownerTenantId"].as_str(),
+        data["createPool"]["pool"]["ownerTenantId"].as_str(),
         owner.map(TenantId::as_str)
     );
-    PoolId::parse(data["createPool"]["id"].as_str().expect("a pool id")).expect("valid")
+    PoolId::parse(
+        data["createPool"]["pool"]["id"]
+            .as_str()
+            .expect("a pool id"),
+    )
+    .expect("valid")
 }
 
 /// The inputs of one generated node.

@@ -51,9 +51,9 @@ impl Via {
                 "TransitionNodeInput",
                 json!({ "move": gql_enum(m), "reason": REASON }),
             ),
-            Via::Adopt => ("NodeVersionInput", json!({})),
-            Via::Retire => ("ReasonedNodeInput", json!({ "reason": REASON })),
-            Via::Delete => ("NodeVersionInput", json!({})),
+            Via::Adopt => ("AdoptNodeInput", json!({})),
+            Via::Retire => ("RetireNodeInput", json!({ "reason": REASON })),
+            Via::Delete => ("DeleteNodeInput", json!({})),
         }
     }
 
@@ -99,7 +99,7 @@ async fn check(
         .gql(
             Some(token),
             &format!(
-                "mutation($input: {input_type}!) {{ {}(input: $input) {{ {FIELDS} }} }}",
+                "mutation($input: {input_type}!) {{ {}(input: $input) {{ node {{ {FIELDS} }} }} }}",
                 via.field()
             ),
             json!({ "input": input }),
@@ -118,7 +118,7 @@ async fn check(
     };
     match expected {
         Ok(to) => {
-            let node = &response.data()[via.field()];
+            let node = &response.data()[via.field()]["node"];
             assert_eq!(node["version"], json!(2), "{label}");
             let history = events(node);
             let first = history

@@ -19,8 +19,8 @@ use std::time::Duration;
 /// The longest any single message may take to arrive: generous, for a loaded machine.
 const WAIT: Duration = Duration::from_secs(30);
 
-const EVENTS: &str = "subscription($after: ID, $types: [String!], $nodeId: ID) {
-  events(after: $after, types: $types, nodeId: $nodeId) { id type nodeId axis from to actor cause data at }
+const EVENTS: &str = "subscription($after: ID, $filter: EventFilterInput, $nodeId: ID) {
+  events(after: $after, filter: $filter, nodeId: $nodeId) { id type nodeId axis from to actor cause data at }
 }";
 
 const NODE_CHANGES: &str = "subscription($filter: NodeFilterInput, $after: ID) {
@@ -77,10 +77,10 @@ async fn fleet(s: &TestServer, count: usize) -> Vec<Node> {
 /// A second pool on `site`.
 async fn pool_on(s: &TestServer, site: &str, name: &str) -> String {
     s.admin(
-        "mutation($site: ID!, $name: String!) { createPool(input: {siteId: $site, name: $name, kind: METAL_HOST}) { id } }",
+        "mutation($site: ID!, $name: String!) { createPool(input: {siteId: $site, name: $name, kind: METAL_HOST}) { pool { id } } }",
         json!({ "site": site, "name": name }),
     )
-    .await["createPool"]["id"]
+    .await["createPool"]["pool"]["id"]
         .as_str()
         .expect("a pool id")
         .to_owned()
@@ -111,22 +111,24 @@ async fn apply(s: &TestServer, node: &mut Node, change: Change) {
     let (field, query, vars) = match change {
         Change::Cordon => (
             "cordonNode",
-            "mutation($id: ID!, $v: Int!) { cordonNode(input: {id: $id, version: $v, reason: \"subscription test\"}) { version } }",
+            "mutation($id: ID!, $v: Int!) { cordonNode(input: {id: $id, version: $v, reason: \"subscription test\"}) { node { version } } }",
             json!({ "id": node.id, "v": node.version }),
         ),
         Change::Uncordon => (
             "uncordonNode",
-            "mutation($id: ID!, $v: Int!) { uncordonNode(input: {id: $id, version: $v}) { version } }",
+            "mutation($id: ID!, $v: Int!) { uncordonNode(input: {id: $id, version: $v}) { node { version } } }",
             json!({ "id": node.id, "v": node.version }),
         ),
         Change::Label => (
             "labelNode",
-            "mutation($id: ID!, $v: Int!, $value: String!) { labelNode(input: {id: $id, version: $v, set: [{key: \"round\", value: $value}]}) { version } }",
+            "mutation($id: ID!, $v: Int!, $value: String!) { labelNode(input: {id: $id, version: $v, set: [{key: \"round\", value: $value}]}) { node { version } } }",
             json!({ "id": node.id, "v": node.version, "value": format!("v{}", node.version + 1) }),
         ),
     };
     let data = s.admin(query, vars).await;
-    let version = data[field]["version"].as_i64().expect("the new version");
+    let version = data[field]["node"]["version"]
+        .as_i64()
+        .expect("the new version");
     assert_eq!(
         version,
         node.version + 1,
@@ -978,16 +980,16 @@ async fn a_tenant_token_sees_only_its_tenants_node_changes() {
     each_backend(async |s| {
         let mut tenants = Vec::new();
         for name in ["acme", "globex"] {
-            let tenant = s.admin("mutation($name: String!) { createTenant(name: $name) { id } }", json!({ "name": name })).await["createTenant"]["id"]
+            let tenant = s.admin("mutation($name: String!) { createTenant(input: {name: $name}) { tenant { id } } }", json!({ "name": name })).await["createTenant"]["tenant"]["id"]
                 .as_str()
                 .expect("a tenant id")
                 .to_owned();
             let site = s
                 .admin(
-                    "mutation($name: String!, $owner: ID!) { createSite(input: {name: $name, kind: CUSTOM, ownerTenantId: $owner}) { id } }",
+                    "mutation($name: String!, $owner: ID!) { createSite(input: {name: $name, kind: CUSTOM, ownerTenantId: $owner}) { site { id } } }",
                     json!({ "name": format!("{name}-dc"), "owner": tenant }),
                 )
-                .await["createSite"]["id"]
+                .await["createSite"]["site"]["id"]
                 .as_str()
                 .expect("a site id")
                 .to_owned();

@@ -27,30 +27,30 @@ struct World {
 async fn tenancy(s: &TestServer, name: &str) -> Tenancy {
     let tenant = s
         .admin(
-            "mutation($name: String!) { createTenant(name: $name) { id name } }",
+            "mutation($name: String!) { createTenant(input: {name: $name}) { tenant { id name } } }",
             json!({ "name": name }),
         )
-        .await["createTenant"]
+        .await["createTenant"]["tenant"]
         .clone();
     assert_eq!(tenant["name"], json!(name));
     let tenant = tenant["id"].as_str().expect("a tenant id").to_owned();
     assert!(tenant.starts_with("ten_"), "{tenant}");
     let site = s
         .admin(
-            "mutation($name: String!, $owner: ID!) { createSite(input: {name: $name, kind: CUSTOM, ownerTenantId: $owner}) { id kind ownerTenantId } }",
+            "mutation($name: String!, $owner: ID!) { createSite(input: {name: $name, kind: CUSTOM, ownerTenantId: $owner}) { site { id kind ownerTenantId } } }",
             json!({ "name": format!("{name}-dc"), "owner": tenant }),
         )
-        .await["createSite"]
+        .await["createSite"]["site"]
         .clone();
     assert_eq!(site["kind"], json!("CUSTOM"));
     assert_eq!(site["ownerTenantId"], json!(tenant));
     let site = site["id"].as_str().expect("a site id").to_owned();
     let pool = s
         .admin(
-            "mutation($site: ID!) { createPool(input: {siteId: $site, name: \"own\", kind: METAL_HOST}) { id ownerTenantId } }",
+            "mutation($site: ID!) { createPool(input: {siteId: $site, name: \"own\", kind: METAL_HOST}) { pool { id ownerTenantId } } }",
             json!({ "site": site }),
         )
-        .await["createPool"]
+        .await["createPool"]["pool"]
         .clone();
     assert_eq!(
         pool["ownerTenantId"],
@@ -214,16 +214,16 @@ async fn a_tenant_token_sees_only_its_tenants_nodes() {
                 let catalog = s
                     .gql(
                         Some(&token),
-                        "{ tenants { id } sites { id } pools { id } capacity { poolId } }",
+                        "{ tenants { nodes { id } } sites { nodes { id } } pools { nodes { id } } capacity { nodes { poolId } } }",
                         json!({}),
                     )
                     .await;
                 let catalog = catalog.data();
-                assert_eq!(catalog["tenants"], json!([{ "id": me.tenant }]), "{label}");
-                assert_eq!(catalog["sites"], json!([{ "id": me.site }]), "{label}");
-                assert_eq!(catalog["pools"], json!([{ "id": me.pool }]), "{label}");
+                assert_eq!(catalog["tenants"]["nodes"], json!([{ "id": me.tenant }]), "{label}");
+                assert_eq!(catalog["sites"]["nodes"], json!([{ "id": me.site }]), "{label}");
+                assert_eq!(catalog["pools"]["nodes"], json!([{ "id": me.pool }]), "{label}");
                 assert_eq!(
-                    catalog["capacity"],
+                    catalog["capacity"]["nodes"],
                     json!([{ "poolId": me.pool }]),
                     "{label}"
                 );
@@ -244,7 +244,7 @@ async fn a_tenant_cannot_change_a_node_it_does_not_own() {
             "CordonNodeInput",
             json!({ "reason": "mine now" }),
         ),
-        ("uncordonNode", "NodeVersionInput", json!({})),
+        ("uncordonNode", "UncordonNodeInput", json!({})),
         (
             "drainNode",
             "DrainNodeInput",
@@ -261,10 +261,10 @@ async fn a_tenant_cannot_change_a_node_it_does_not_own() {
             "LabelNodeInput",
             json!({ "set": [{ "key": "owner", "value": "acme" }] }),
         ),
-        ("adoptNode", "NodeVersionInput", json!({})),
+        ("adoptNode", "AdoptNodeInput", json!({})),
         (
             "retireNode",
-            "ReasonedNodeInput",
+            "RetireNodeInput",
             json!({ "reason": "mine now" }),
         ),
         (
@@ -274,10 +274,10 @@ async fn a_tenant_cannot_change_a_node_it_does_not_own() {
         ),
         (
             "revokeNodeIdentity",
-            "ReasonedNodeInput",
+            "RevokeNodeIdentityInput",
             json!({ "reason": "mine now" }),
         ),
-        ("deleteNode", "NodeVersionInput", json!({})),
+        ("deleteNode", "DeleteNodeInput", json!({})),
     ];
     each_backend(async |s| {
         let w = world(s).await;
@@ -285,7 +285,7 @@ async fn a_tenant_cannot_change_a_node_it_does_not_own() {
         for target in [&w.b.node, &w.platform_node] {
             // Tainted, so that untaintNode too would succeed for the owner.
             s.admin(
-                "mutation($id: ID!) { taintNode(input: {id: $id, version: 1, key: \"gpu-burn\"}) { id } }",
+                "mutation($id: ID!) { taintNode(input: {id: $id, version: 1, key: \"gpu-burn\"}) { node { id } } }",
                 json!({ "id": target }),
             )
             .await;
@@ -298,7 +298,7 @@ async fn a_tenant_cannot_change_a_node_it_does_not_own() {
                 let response = s
                     .gql(
                         Some(&token),
-                        &format!("mutation($input: {input_type}!) {{ {field}(input: $input) {{ id version }} }}"),
+                        &format!("mutation($input: {input_type}!) {{ {field}(input: $input) {{ node {{ id version }} }} }}"),
                         json!({ "input": input }),
                     )
                     .await;
@@ -317,11 +317,11 @@ async fn a_tenant_cannot_change_a_node_it_does_not_own() {
         let response = s
             .gql(
                 Some(&token),
-                "mutation($id: ID!) { cordonNode(input: {id: $id, version: 1, reason: \"mine\"}) { version cordon { by } } }",
+                "mutation($id: ID!) { cordonNode(input: {id: $id, version: 1, reason: \"mine\"}) { node { version cordon { by } } } }",
                 json!({ "id": w.a.node }),
             )
             .await;
-        let cordoned = &response.data()["cordonNode"];
+        let cordoned = &response.data()["cordonNode"]["node"];
         assert_eq!(cordoned["version"], json!(2));
         assert_eq!(cordoned["cordon"]["by"], json!(format!("user:admin@{}", w.a.tenant)));
     })
@@ -336,37 +336,37 @@ async fn a_tenant_cannot_manage_tenants_sites_or_pools_or_enroll_elsewhere() {
         let cases: Vec<(&str, &str, Value, &str)> = vec![
             (
                 "createSite CUSTOM for itself",
-                "mutation($owner: ID) { createSite(input: {name: \"mine\", kind: CUSTOM, ownerTenantId: $owner}) { id } }",
+                "mutation($owner: ID) { createSite(input: {name: \"mine\", kind: CUSTOM, ownerTenantId: $owner}) { site { id } } }",
                 json!({ "owner": w.a.tenant }),
                 "FORBIDDEN",
             ),
             (
                 "createSite PLATFORM",
-                "mutation { createSite(input: {name: \"mine\", kind: PLATFORM}) { id } }",
+                "mutation { createSite(input: {name: \"mine\", kind: PLATFORM}) { site { id } } }",
                 json!({}),
                 "FORBIDDEN",
             ),
             (
                 "createTenant",
-                "mutation { createTenant(name: \"another\") { id } }",
+                "mutation { createTenant(input: {name: \"another\"}) { tenant { id } } }",
                 json!({}),
                 "FORBIDDEN",
             ),
             (
                 "createPool on its own site",
-                "mutation($site: ID!) { createPool(input: {siteId: $site, name: \"more\", kind: METAL_HOST}) { id } }",
+                "mutation($site: ID!) { createPool(input: {siteId: $site, name: \"more\", kind: METAL_HOST}) { pool { id } } }",
                 json!({ "site": w.a.site }),
                 "FORBIDDEN",
             ),
             (
                 "enrollNode on another tenant's site",
-                "mutation($site: ID!, $pool: ID) { enrollNode(input: {siteId: $site, poolId: $pool, hostname: \"sneaky\"}) { id } }",
+                "mutation($site: ID!, $pool: ID) { enrollNode(input: {siteId: $site, poolId: $pool, hostname: \"sneaky\"}) { node { id } } }",
                 json!({ "site": w.b.site, "pool": w.b.pool }),
                 "NOT_FOUND",
             ),
             (
                 "enrollNode on a platform site",
-                "mutation($site: ID!) { enrollNode(input: {siteId: $site, hostname: \"sneaky\"}) { id } }",
+                "mutation($site: ID!) { enrollNode(input: {siteId: $site, hostname: \"sneaky\"}) { node { id } } }",
                 json!({ "site": w.platform_site }),
                 "NOT_FOUND",
             ),
@@ -386,10 +386,12 @@ async fn a_tenant_cannot_manage_tenants_sites_or_pools_or_enroll_elsewhere() {
                 );
             }
         }
-        let everything = s.admin("{ tenants { id } sites { id } pools { id } }", json!({})).await;
-        assert_eq!(everything["tenants"].as_array().map(Vec::len), Some(2));
-        assert_eq!(everything["sites"].as_array().map(Vec::len), Some(3));
-        assert_eq!(everything["pools"].as_array().map(Vec::len), Some(3));
+        let everything = s
+            .admin("{ tenants { totalCount } sites { totalCount } pools { totalCount } }", json!({}))
+            .await;
+        assert_eq!(everything["tenants"]["totalCount"], 2);
+        assert_eq!(everything["sites"]["totalCount"], 3);
+        assert_eq!(everything["pools"]["totalCount"], 3);
         assert_eq!(listed(s, s.admin_token(), json!({})).await.len(), 3);
     })
     .await;
@@ -542,6 +544,9 @@ async fn health_readiness_metrics_and_graphiql_are_served() {
             "operation=\"query:viewer\"",
             "bc_graphql_request_duration_seconds",
             "bc_db_pool_connections",
+            // Every statement the store ran, by kind (README: "Profiling").
+            "bc_db_statements_total{",
+            "bc_db_statement_seconds",
         ] {
             assert!(
                 metrics.contains(needle),

@@ -3,7 +3,9 @@
 //! Starts the `better-compute` binary as a child process on a fresh database (a SQLite file
 //! in a temporary directory, a fresh PostgreSQL database with `--postgres`, or
 //! `--database-url`), on loopback ports it picked, joins and connects `--nodes` simulated
-//! daemons through the real gateway, and then, for `--window` seconds, measures heartbeats
+//! daemons through the real gateway and reports their bring-up (when all were joined,
+//! connected, adopted and schedulable, the counts every 10 s, the server's CPU). Once every
+//! node is schedulable (the steady state), for `--window` seconds, it measures heartbeats
 //! handled per second (the server's `bc_heartbeats_total`), the latency of `cordonNode`,
 //! `uncordonNode` and a `nodes(first: 100)` query, and the server's CPU and memory. The
 //! results are printed next to the raw limits measured on this machine kind
@@ -17,9 +19,10 @@
 //! ```
 
 use anyhow::{Context, ensure};
-use bc_testing::bench::{self, Api, BenchDatabase, PROGRESS_EVERY, Row, Server, ServerArgs};
-use bc_testing::daemon::CaTrust;
-use bc_testing::sim::{Fleet, Progress, SimOptions};
+use bc_testing::bench::{
+    self, Api, BenchDatabase, BringUp, FleetArgs, Latencies, Row, Server, ServerArgs,
+};
+use bc_testing::sim::{Fleet, Progress};
 use clap::Parser;
 use rand::seq::IndexedRandom;
 use serde_json::{Value, json};
@@ -28,12 +31,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// How often fleet progress is polled while the fleet comes up.
-const POLL_INTERVAL: Duration = Duration::from_millis(100);
 /// How long a GraphQL request of the benchmark may take before it counts as failed.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long the join token the benchmark mints lives.
-const JOIN_TOKEN_TTL: Duration = Duration::from_secs(2 * 3600);
 /// File descriptors the benchmark wants beyond one per node (joins, GraphQL, the runtime).
 const SPARE_FDS: u64 = 1024;
 
@@ -63,19 +62,16 @@ struct Args {
     /// Latency samples of each operation during the window.
     #[arg(long, default_value_t = 200)]
     samples: usize,
-    /// Heartbeat interval of the simulated daemons, in seconds.
-    #[arg(long, default_value_t = 10)]
-    heartbeat_secs: u64,
-    /// Joins and session handshakes in flight at once.
-    #[arg(long, default_value_t = bc_testing::sim::DEFAULT_JOIN_CONCURRENCY)]
-    join_concurrency: usize,
-    /// Seconds between the whole fleet being connected and the window (default: one
-    /// heartbeat interval, so every node is heartbeating and its inventory is written).
-    #[arg(long)]
-    warmup: Option<u64>,
-    /// How long the whole fleet may take to join and connect, in seconds.
-    #[arg(long, default_value_t = 900)]
-    connect_timeout: u64,
+    #[command(flatten)]
+    fleet: FleetArgs,
+    /// Seconds between every node being schedulable and the window. The window measures the
+    /// steady state: by the time every node is schedulable, acceptance is over and every
+    /// node's inventory is written, so none is needed by default.
+    #[arg(long, default_value_t = 0)]
+    warmup: u64,
+    /// How long the whole fleet may take to join, connect and pass acceptance, in seconds.
+    #[arg(long, default_value_t = 1200)]
+    ready_timeout: u64,
     /// Run on a fresh database on the PostgreSQL server of `BC_TEST_POSTGRES_URL` (default
     /// postgres://postgres@127.0.0.1:5432/postgres), dropped afterwards.
     #[arg(long, conflicts_with = "database_url")]
@@ -91,13 +87,7 @@ struct Args {
 async fn main() -> ExitCode {
     bench::init(module_path!());
     let args = Args::parse();
-    match run(args).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            tracing::error!("fleet-bench failed: {err:#}");
-            ExitCode::FAILURE
-        }
-    }
+    bench::exit_code("fleet-bench", run(args).await)
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
@@ -118,7 +108,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let dir = tempfile::Builder::new().prefix("fleet-bench-").tempdir()?;
     let database = BenchDatabase::prepare(args.postgres, args.database_url.as_deref()).await?;
 
-    let server = Server::start(
+    let mut server = Server::start(
         &server_bin,
         dir.path(),
         database.url(),
@@ -126,13 +116,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
         &[],
     )
     .await?;
-    let outcome = run_bench(&args, &server, database.description(), fd_limit).await;
+    let outcome = run_bench(&args, &mut server, database.description(), fd_limit).await;
     bench::finish(server, database, dir, args.server.keep, outcome).await
 }
 
 async fn run_bench(
     args: &Args,
-    server: &Server,
+    server: &mut Server,
     backend_name: &str,
     fd_limit: u64,
 ) -> anyhow::Result<()> {
@@ -142,116 +132,51 @@ async fn run_bench(
         REQUEST_TIMEOUT,
     )?;
     let (site, pool) = api.create_site_and_pool().await?;
-    let token = api
-        .data(
-            "mutation($site: ID!, $pool: ID, $uses: Int, $ttl: Int) { createJoinToken(input: {siteId: $site, poolId: $pool, maxUses: $uses, expiresInSeconds: $ttl, description: \"fleet-bench\"}) { secret caCertificateSha256 token { id } } }",
-            json!({ "site": site, "pool": pool, "uses": args.nodes, "ttl": JOIN_TOKEN_TTL.as_secs() }),
+    let options = args.fleet.sim_options();
+    let started = Instant::now();
+    let fleet = bench::start_fleet(&api, server, &site, &pool, args.nodes, &options).await?;
+    let outcome = async {
+        let bring_up = bench::bring_up(
+            &api,
+            server,
+            &fleet,
+            &pool,
+            Duration::from_secs(args.ready_timeout),
+            started,
         )
         .await?;
-    let secret = token["createJoinToken"]["secret"]
-        .as_str()
-        .context("createJoinToken returned no secret")?;
-    let pin = token["createJoinToken"]["caCertificateSha256"]
-        .as_str()
-        .context("createJoinToken returned no CA fingerprint")?;
-
-    // The fleet comes up.
-    let options = SimOptions {
-        join_concurrency: args.join_concurrency,
-        knobs: bc_testing::DaemonKnobs {
-            heartbeat_interval_override: Some(Duration::from_secs(args.heartbeat_secs)),
-            ..bc_testing::DaemonKnobs::default()
-        },
-        ..SimOptions::default()
-    };
-    tracing::info!(nodes = args.nodes, gateway = %server.gateway_url(), "starting the fleet");
-    let started = Instant::now();
-    let fleet = Fleet::start(
-        &server.gateway_url(),
-        secret,
-        CaTrust::Sha256Pin(pin.to_owned()),
-        args.nodes,
-        &options,
-    )
-    .await?;
-    let (all_joined, all_connected) = wait_for_fleet(
-        &fleet,
-        server,
-        Duration::from_secs(args.connect_timeout),
-        started,
-    )
-    .await;
-    let outcome = async {
-        let (all_joined, all_connected) = (all_joined?, all_connected?);
-        let warmup = Duration::from_secs(args.warmup.unwrap_or(args.heartbeat_secs));
-        tracing::info!(?warmup, "warming up before the window");
-        tokio::time::sleep(warmup).await;
+        if args.warmup > 0 {
+            let warmup = Duration::from_secs(args.warmup);
+            tracing::info!(?warmup, "waiting before the window");
+            tokio::time::sleep(warmup).await;
+        }
         let measured = measure(args, server, &api, &fleet).await?;
         let report = Report {
             nodes: args.nodes,
             backend: backend_name.to_owned(),
             window: Duration::from_secs(args.window),
-            heartbeat_secs: args.heartbeat_secs,
+            heartbeat_secs: args.fleet.heartbeat_secs,
             fd_limit,
-            all_joined,
-            all_connected,
+            bring_up,
             measured,
         };
         report.print()?;
+        // The server stops while it still holds every session, as it would in a rolling
+        // restart: the daemons, told to go away, reconnect (here: to nothing) until the fleet
+        // stops below.
+        let connected = fleet.progress().connected;
+        let stop = server.stop().await?;
+        writeln!(
+            std::io::stdout(),
+            "server stop holding {connected} sessions: {:.2} s",
+            stop.as_secs_f64()
+        )?;
         anyhow::Ok(())
     }
     .await;
     let last = fleet.shutdown().await;
     tracing::info!(%last, "fleet stopped");
     outcome
-}
-
-/// Waits until every node joined and every node is connected: the two times, from `started`.
-async fn wait_for_fleet(
-    fleet: &Fleet,
-    server: &Server,
-    timeout: Duration,
-    started: Instant,
-) -> (anyhow::Result<Duration>, anyhow::Result<Duration>) {
-    let nodes = fleet.len() as u64;
-    let deadline = started + timeout;
-    let mut joined_at = None;
-    let mut next_report = Instant::now() + PROGRESS_EVERY;
-    loop {
-        let progress = fleet.progress();
-        if joined_at.is_none() && progress.joined >= nodes {
-            joined_at = Some(started.elapsed());
-        }
-        if progress.connected >= nodes {
-            let connected = started.elapsed();
-            tracing::info!(%progress, ?connected, "the whole fleet is connected");
-            return (Ok(joined_at.unwrap_or(connected)), Ok(connected));
-        }
-        let stuck = if progress.failed > 0 {
-            Some(format!(
-                "{} daemons gave up, e.g. {}",
-                progress.failed,
-                fleet.sample_error().unwrap_or_default()
-            ))
-        } else if Instant::now() >= deadline {
-            Some(format!(
-                "the fleet did not connect within {timeout:?}: {progress}"
-            ))
-        } else if server.exited() {
-            Some("the server exited".to_owned())
-        } else {
-            None
-        };
-        if let Some(stuck) = stuck {
-            let joined = joined_at.ok_or_else(|| anyhow::anyhow!("{stuck}"));
-            return (joined, Err(anyhow::anyhow!("{stuck}")));
-        }
-        if Instant::now() >= next_report {
-            tracing::info!(%progress, elapsed = ?started.elapsed(), "fleet coming up");
-            next_report += PROGRESS_EVERY;
-        }
-        tokio::time::sleep(POLL_INTERVAL).await;
-    }
 }
 
 /// What the window measured.
@@ -387,7 +312,7 @@ async fn cordon_pair(
     let timer = Instant::now();
     let cordoned = api
         .query(
-            "mutation($id: ID!, $v: Int!) { cordonNode(input: {id: $id, version: $v, reason: \"fleet-bench\"}) { version } }",
+            "mutation($id: ID!, $v: Int!) { cordonNode(input: {id: $id, version: $v, reason: \"fleet-bench\"}) { node { version } } }",
             json!({ "id": id, "v": version }),
         )
         .await
@@ -397,7 +322,7 @@ async fn cordon_pair(
     cordon.push(took);
     let timer = Instant::now();
     let uncordoned = api
-        .query("mutation($id: ID!, $v: Int!) { uncordonNode(input: {id: $id, version: $v}) { version } }", json!({ "id": id, "v": version }))
+        .query("mutation($id: ID!, $v: Int!) { uncordonNode(input: {id: $id, version: $v}) { node { version } } }", json!({ "id": id, "v": version }))
         .await
         .map_err(Sample::Failed)?;
     let took = timer.elapsed();
@@ -419,41 +344,9 @@ fn check(body: &Value, field: &str) -> Result<i64, Sample> {
             Sample::Failed(anyhow::anyhow!(message))
         });
     }
-    body["data"][field]["version"]
+    body["data"][field]["node"]["version"]
         .as_i64()
         .ok_or_else(|| Sample::Failed(anyhow::anyhow!("{field} returned no version")))
-}
-
-#[derive(Debug, Default)]
-struct Latencies(Vec<Duration>);
-
-impl Latencies {
-    fn push(&mut self, took: Duration) {
-        self.0.push(took);
-    }
-
-    /// The `q` quantile (nearest rank).
-    fn quantile(&self, q: f64) -> Option<Duration> {
-        let mut sorted = self.0.clone();
-        sorted.sort_unstable();
-        bench::nearest_rank(&sorted, q)
-    }
-
-    fn describe(&self) -> String {
-        match (self.quantile(0.5), self.quantile(0.99)) {
-            (Some(p50), Some(p99)) => format!(
-                "{} / {} ({} samples)",
-                millis(p50),
-                millis(p99),
-                self.0.len()
-            ),
-            _ => "no samples".to_owned(),
-        }
-    }
-}
-
-fn millis(d: Duration) -> String {
-    format!("{:.2} ms", d.as_secs_f64() * 1000.0)
 }
 
 struct Report {
@@ -462,8 +355,7 @@ struct Report {
     window: Duration,
     heartbeat_secs: u64,
     fd_limit: u64,
-    all_joined: Duration,
-    all_connected: Duration,
+    bring_up: BringUp,
     measured: Measured,
 }
 
@@ -478,22 +370,18 @@ impl Report {
             )
         };
         let rss_per_session = m.server_rss_kb as f64 / self.nodes as f64;
-        let rows: Vec<Row<'_>> = vec![
-            (
-                "joins".into(),
-                format!(
-                    "{:.0} joins/s ({} in {:.1} s)",
-                    self.nodes as f64 / self.all_joined.as_secs_f64(),
-                    self.nodes,
-                    self.all_joined.as_secs_f64()
-                ),
-                RAW_JOINS,
+        let mut rows: Vec<Row<'_>> = vec![(
+            "joins".into(),
+            format!(
+                "{:.0} joins/s ({} in {:.1} s)",
+                self.nodes as f64 / self.bring_up.joined.as_secs_f64(),
+                self.nodes,
+                self.bring_up.joined.as_secs_f64()
             ),
-            (
-                "all connected after".into(),
-                format!("{:.1} s", self.all_connected.as_secs_f64()),
-                "",
-            ),
+            RAW_JOINS,
+        )];
+        rows.extend(self.bring_up.rows());
+        rows.extend([
             (
                 "heartbeats handled (bc_heartbeats_total)".into(),
                 format!("{} (expected {expected:.0}/s)", rate(m.heartbeats_handled)),
@@ -552,7 +440,7 @@ impl Report {
                 format!("{} of {}", m.connected_at_end, self.nodes),
                 "",
             ),
-        ];
+        ]);
         let mut out = std::io::stdout().lock();
         writeln!(out)?;
         writeln!(
@@ -578,18 +466,5 @@ impl Report {
             )?;
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn latency_quantiles_are_nearest_rank() {
-        let latencies = Latencies((1..=100).map(Duration::from_millis).collect());
-        assert_eq!(latencies.quantile(0.5), Some(Duration::from_millis(50)));
-        assert_eq!(latencies.quantile(0.99), Some(Duration::from_millis(99)));
-        assert_eq!(Latencies::default().quantile(0.5), None);
     }
 }

@@ -98,13 +98,7 @@ struct Args {
 async fn main() -> ExitCode {
     bench::init(module_path!());
     let args = Args::parse();
-    match run(args).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            tracing::error!("subscription-bench failed: {err:#}");
-            ExitCode::FAILURE
-        }
-    }
+    bench::exit_code("subscription-bench", run(args).await)
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
@@ -435,18 +429,18 @@ async fn setup(api: &Api, count: usize) -> anyhow::Result<(Vec<String>, Vec<i64>
     for i in 0..count {
         let node = api
             .data(
-                "mutation($site: ID!, $pool: ID, $host: String!) { enrollNode(input: {siteId: $site, poolId: $pool, hostname: $host}) { id version } }",
+                "mutation($site: ID!, $pool: ID, $host: String!) { enrollNode(input: {siteId: $site, poolId: $pool, hostname: $host}) { node { id version } } }",
                 json!({ "site": site, "pool": pool, "host": format!("gpu-{i}.bench.example.com") }),
             )
             .await?;
         ids.push(
-            node["enrollNode"]["id"]
+            node["enrollNode"]["node"]["id"]
                 .as_str()
                 .context("enrollNode returned no id")?
                 .to_owned(),
         );
         versions.push(
-            node["enrollNode"]["version"]
+            node["enrollNode"]["node"]["version"]
                 .as_i64()
                 .context("enrollNode returned no version")?,
         );
@@ -480,12 +474,12 @@ async fn mutate(
     let (field, query) = if p.cordon {
         (
             "cordonNode",
-            "mutation($id: ID!, $v: Int!) { cordonNode(input: {id: $id, version: $v, reason: \"subscription-bench\"}) { version } }",
+            "mutation($id: ID!, $v: Int!) { cordonNode(input: {id: $id, version: $v, reason: \"subscription-bench\"}) { node { version } } }",
         )
     } else {
         (
             "uncordonNode",
-            "mutation($id: ID!, $v: Int!) { uncordonNode(input: {id: $id, version: $v}) { version } }",
+            "mutation($id: ID!, $v: Int!) { uncordonNode(input: {id: $id, version: $v}) { node { version } } }",
         )
     };
     let request_us = micros_since(epoch);
@@ -497,7 +491,7 @@ async fn mutate(
         .await
         .with_context(|| format!("mutation {i}"))?;
     let response_us = micros_since(epoch);
-    let version = data[field]["version"]
+    let version = data[field]["node"]["version"]
         .as_i64()
         .context("no version in the answer")?;
     ensure!(
@@ -543,8 +537,8 @@ fn micros_since(epoch: Instant) -> u32 {
     u32::try_from(epoch.elapsed().as_micros()).unwrap_or(NOT_RECEIVED - 1)
 }
 
-const EVENTS: &str = "subscription($after: ID, $types: [String!]) { events(after: $after, types: $types) { nodeId data } }";
-const TYPES: [&str; 2] = ["node.cordoned", "node.uncordoned"];
+const EVENTS: &str = "subscription($after: ID, $filter: EventFilterInput) { events(after: $after, filter: $filter) { nodeId data } }";
+const TYPES: [&str; 2] = ["NODE_CORDONED", "NODE_UNCORDONED"];
 
 async fn open_subscriber(
     url: &str,
@@ -553,7 +547,11 @@ async fn open_subscriber(
 ) -> anyhow::Result<SubscriptionClient> {
     let mut client = SubscriptionClient::connect_with(url, &ConnectOptions::bearer(token)).await?;
     client
-        .subscribe("1", EVENTS, json!({ "after": cursor, "types": TYPES }))
+        .subscribe(
+            "1",
+            EVENTS,
+            json!({ "after": cursor, "filter": { "types": TYPES } }),
+        )
         .await?;
     Ok(client)
 }
@@ -616,7 +614,7 @@ async fn subscriber(
                 {
                     seen.resumes += 1;
                     id = format!("{}", seen.resumes + 1);
-                    let variables = json!({ "after": cursor, "types": TYPES });
+                    let variables = json!({ "after": cursor, "filter": { "types": TYPES } });
                     if let Err(err) = client.subscribe(&id, EVENTS, variables).await {
                         seen.error = Some(format!("resubscribing: {err:#}"));
                         break;

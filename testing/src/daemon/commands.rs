@@ -63,6 +63,8 @@ impl Underway {
 /// What finishing a command does to the session.
 pub(super) enum CommandEffect {
     None,
+    /// The machine changed (a reset cleared a fault): the session reports it as it is now.
+    Reinventory,
     /// The machine reboots: the session drops and the daemon comes back.
     Reboot,
 }
@@ -121,13 +123,23 @@ impl FakeDaemon {
                 &command.params,
                 inventory,
                 self.shared.knobs.fail_diagnostics,
+                &self.faults(),
+                self.has_hardware_fault(),
             ),
             CommandKind::InventoryRefresh => {
                 inventory_refresh(ws, &command.params, inventory).await?
             }
             CommandKind::LogsCollect => logs_collect(self.hostname()),
-            CommandKind::GpuReset => gpu_reset(&command.params),
+            CommandKind::GpuReset => {
+                // The driver reloads: the faults a reset recovers from clear (if the knobs
+                // say a reset works on this machine).
+                if self.remedy(false) {
+                    effect = CommandEffect::Reinventory;
+                }
+                gpu_reset(&command.params)
+            }
             CommandKind::NodeReboot => {
+                self.remedy(true);
                 effect = CommandEffect::Reboot;
                 Report::succeeded(
                     "rebooting\n".to_owned(),
@@ -149,19 +161,46 @@ impl FakeDaemon {
 }
 
 /// The GPU diagnostic: it reports the simulated diagnostics' failures, and fails when the
-/// machine is set to (`fail_diagnostics`).
-fn diag_nvml(params: &Value, inventory: &BTreeMap<String, Value>, fail: bool) -> Report {
+/// machine is set to (`fail_diagnostics`), a GPU has a hardware fault (an XID a reset,
+/// reboot or person must fix), or there is no GPU at all, as DCGM would.
+fn diag_nvml(
+    params: &Value,
+    inventory: &BTreeMap<String, Value>,
+    fail: bool,
+    faults: &[u32],
+    faulty: bool,
+) -> Report {
+    let level = params.get("level").cloned().unwrap_or(Value::from(1));
+    let no_gpus = inventory
+        .get("gpus")
+        .and_then(|g| g.get("count"))
+        .and_then(Value::as_u64)
+        == Some(0);
+    if no_gpus {
+        let failures = serde_json::json!([{ "test": "deployment", "message": "no NVIDIA GPU found (NVML: driver not loaded)" }]);
+        return Report {
+            outcome: Outcome::Failed,
+            exit_code: Some(1),
+            output: format!("dcgmi diag -r {level}: FAIL\n{failures}\n"),
+            result: serde_json::json!({ "passed": false, "level": level, "failures": failures }),
+        };
+    }
     let diagnostics = inventory
         .get("gpus")
         .and_then(|g| g.get("diagnostics"))
         .cloned()
         .unwrap_or(Value::Null);
-    let failures = diagnostics
+    let mut failures = diagnostics
         .get("failures")
         .cloned()
         .unwrap_or_else(|| serde_json::json!([]));
-    let passed = !fail;
-    let level = params.get("level").cloned().unwrap_or(Value::from(1));
+    if faulty && let Some(list) = failures.as_array_mut() {
+        list.push(serde_json::json!({
+            "test": "pcie",
+            "message": format!("GPU fault: XID {faults:?} reported since driver load"),
+        }));
+    }
+    let passed = !fail && !faulty;
     let output = if passed {
         format!("dcgmi diag -r {level}: all tests passed\n")
     } else {

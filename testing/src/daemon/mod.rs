@@ -119,13 +119,29 @@ pub struct DaemonKnobs {
     /// The identifiers sent with the join (`system-uuid`, `board-serial`, `mac`). None: derived
     /// from the seed. Set them to simulate the same machine joining again.
     pub identifiers: Option<BTreeMap<String, String>>,
+    /// GPUs on the machine; 0 is a machine without GPUs (no NVIDIA driver either: its `gpus`
+    /// section is empty and `diag.nvml` fails, as DCGM does without a GPU).
     pub gpu_count: u32,
     pub gpu_model: String,
     pub gpu_memory_mib: u64,
+    /// The NVIDIA driver version the machine runs (`gpus.driverVersion`, `drivers.nvidia`).
+    pub driver_version: String,
     /// The GPU diagnostic reports a failing GPU.
     pub fail_diagnostics: bool,
-    /// XID errors the GPUs report (the n-th on GPU n mod gpu_count).
+    /// XID errors the GPUs report (the n-th on GPU n mod gpu_count): the machine's simulated
+    /// faults. While one of the hardware XIDs (`bc_core::health`'s reset, reboot and person
+    /// lists) is present, `diag.nvml` fails, as DCGM's would on that GPU.
     pub xid_errors: Vec<u32>,
+    /// The XIDs appear this long after the daemon starts (a GPU that fails in service, after
+    /// acceptance) instead of from the start. When they appear the daemon reconnects, so that
+    /// `hello` announces the changed `gpus` section (bcd/v1 sends sections only when asked).
+    pub xid_after: Option<Duration>,
+    /// `gpu.reset` clears the faults a reset recovers from (`bc_core::health::RESET_XIDS`).
+    /// Off: the reset "succeeds" and the fault stays (a remediation that fails).
+    pub reset_clears_faults: bool,
+    /// `node.reboot` clears the faults a reset or a reboot recovers from. Off: the machine
+    /// comes back as broken as it went down.
+    pub reboot_clears_faults: bool,
     /// Drop the session and reconnect this long after each session starts.
     pub flapping: Option<Duration>,
     /// Added to every heartbeat interval: slow heartbeats.
@@ -150,8 +166,12 @@ impl Default for DaemonKnobs {
             gpu_count: 8,
             gpu_model: "NVIDIA H100 80GB HBM3".to_owned(),
             gpu_memory_mib: 81_559,
+            driver_version: crate::inventory::NVIDIA_DRIVER.to_owned(),
             fail_diagnostics: false,
             xid_errors: Vec::new(),
+            xid_after: None,
+            reset_clears_faults: true,
+            reboot_clears_faults: true,
             flapping: None,
             heartbeat_delay: Duration::ZERO,
             skip_heartbeats: false,
@@ -236,6 +256,14 @@ struct Shared {
     stop: watch::Sender<bool>,
     running: AtomicBool,
     counters: Arc<FleetCounters>,
+    /// The XIDs the machine reports now: the knobs' (from the start, or once `xid_after`
+    /// passed, or injected), less what a reset or reboot cleared. A change makes the live
+    /// session reconnect to report it.
+    faults: watch::Sender<Vec<u32>>,
+    /// Whether the knobs' XIDs appeared yet (they appear once).
+    faults_appeared: AtomicBool,
+    /// When the daemon first ran (`xid_after` counts from it).
+    started: std::sync::OnceLock<tokio::time::Instant>,
 }
 
 enum Source {
@@ -323,6 +351,12 @@ impl FakeDaemon {
             hostname: machine.hostname.clone(),
             ..DaemonStatus::default()
         };
+        let from_start = knobs.xid_after.is_none();
+        let faults = if from_start {
+            knobs.xid_errors.clone()
+        } else {
+            Vec::new()
+        };
         FakeDaemon {
             shared: Arc::new(Shared {
                 source,
@@ -333,6 +367,9 @@ impl FakeDaemon {
                 stop: watch::Sender::new(false),
                 running: AtomicBool::new(false),
                 counters: counters.unwrap_or_default(),
+                faults: watch::Sender::new(faults),
+                faults_appeared: AtomicBool::new(from_start),
+                started: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -349,9 +386,79 @@ impl FakeDaemon {
         &self.shared.machine.hostname
     }
 
-    /// The simulated inventory, by section.
+    /// The simulated inventory, by section, with the faults the machine has now.
     pub fn inventory(&self) -> BTreeMap<String, Value> {
-        self.shared.machine.inventory(&self.shared.knobs)
+        let mut knobs = self.shared.knobs.clone();
+        knobs.xid_errors = self.faults();
+        self.shared.machine.inventory(&knobs)
+    }
+
+    /// The XIDs the machine reports now.
+    pub fn faults(&self) -> Vec<u32> {
+        self.shared.faults.borrow().clone()
+    }
+
+    /// A GPU fails now: the machine reports these XIDs (on top of what it has), and the
+    /// daemon reconnects to report them.
+    pub fn inject_xids(&self, xids: &[u32]) {
+        self.shared.faults_appeared.store(true, Ordering::SeqCst);
+        self.shared.faults.send_modify(|faults| faults.extend(xids));
+    }
+
+    /// The knobs' XIDs appear, if they have not yet (`xid_after`).
+    pub(crate) fn faults_appear(&self) {
+        if !self.shared.faults_appeared.swap(true, Ordering::SeqCst) {
+            let xids = self.shared.knobs.xid_errors.clone();
+            self.shared.faults.send_modify(|faults| faults.extend(xids));
+        }
+    }
+
+    /// When the knobs' XIDs are due to appear (None: they have, or never will).
+    pub(crate) fn faults_due(&self) -> Option<tokio::time::Instant> {
+        if self.shared.faults_appeared.load(Ordering::SeqCst) {
+            return None;
+        }
+        let after = self.shared.knobs.xid_after?;
+        Some(*self.shared.started.get_or_init(tokio::time::Instant::now) + after)
+    }
+
+    /// What a `gpu.reset` (`reboot: false`) or `node.reboot` does to the faults, as the knobs
+    /// say; returns whether any cleared.
+    pub(crate) fn remedy(&self, reboot: bool) -> bool {
+        use bc_core::health::{REBOOT_XIDS, RESET_XIDS};
+        let knobs = &self.shared.knobs;
+        let works = if reboot {
+            knobs.reboot_clears_faults
+        } else {
+            knobs.reset_clears_faults
+        };
+        if !works {
+            return false;
+        }
+        let mut cleared = false;
+        self.shared.faults.send_if_modified(|faults| {
+            let before = faults.len();
+            faults.retain(|x| !(RESET_XIDS.contains(x) || (reboot && REBOOT_XIDS.contains(x))));
+            cleared = faults.len() != before;
+            cleared
+        });
+        cleared
+    }
+
+    /// Whether a hardware fault (a reset, reboot or person XID) is present: the diagnostic
+    /// fails then.
+    pub(crate) fn has_hardware_fault(&self) -> bool {
+        use bc_core::health::{PERSON_XIDS, REBOOT_XIDS, RESET_XIDS};
+        self.shared
+            .faults
+            .borrow()
+            .iter()
+            .any(|x| RESET_XIDS.contains(x) || REBOOT_XIDS.contains(x) || PERSON_XIDS.contains(x))
+    }
+
+    /// Follows changes of the faults.
+    pub(crate) fn watch_faults(&self) -> watch::Receiver<Vec<u32>> {
+        self.shared.faults.subscribe()
     }
 
     /// A snapshot of the daemon's state.
@@ -403,6 +510,7 @@ impl FakeDaemon {
         if self.shared.running.swap(true, Ordering::SeqCst) {
             return Err(DaemonError::AlreadyRunning);
         }
+        self.shared.started.get_or_init(tokio::time::Instant::now);
         let result = self.run_until_done().await;
         self.shared.running.store(false, Ordering::SeqCst);
         self.set_connected(false);

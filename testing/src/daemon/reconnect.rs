@@ -86,8 +86,6 @@ impl FakeDaemon {
         let Some(context) = self.resolve_context().await? else {
             return Ok(());
         };
-        let inventory = self.inventory();
-        let hashes = inventory::hashes(&inventory);
         let mut trust = context.trust.clone();
         let mut identity: Option<Identity> = None;
         let mut backoff = Backoff::default();
@@ -116,9 +114,13 @@ impl FakeDaemon {
                     }
                 }
             };
+            // The inventory as the machine is now (a reset or reboot may have cleared a fault,
+            // or one may have appeared), announced by its hashes in `hello`.
+            let inventory = self.inventory();
+            let hashes = inventory::hashes(&inventory);
             let started = Instant::now();
             let end = self
-                .session(&context, &mut trust, &mut current, &hashes, &inventory)
+                .session(&context, &mut trust, &mut current, &hashes, inventory)
                 .await;
             self.set_connected(false);
             let healthy = started.elapsed() >= HEALTHY_SESSION;

@@ -104,7 +104,7 @@ impl FakeDaemon {
         trust: &mut Arc<Trust>,
         identity: &mut Identity,
         hashes: &BTreeMap<String, String>,
-        inventory: &BTreeMap<String, Value>,
+        inventory: BTreeMap<String, Value>,
     ) -> SessionEnd {
         // What this daemon converged before: `hello` reports it, and a newer generation in
         // `welcome` is converged and said so.
@@ -201,7 +201,9 @@ struct Live<'a> {
     context: &'a GatewayContext,
     trust: &'a mut Arc<Trust>,
     identity: &'a mut Identity,
-    inventory: &'a BTreeMap<String, Value>,
+    /// The machine's inventory as this session reported it; a reset that clears a fault
+    /// updates it, so a later `inventory.refresh` reports the machine as it is.
+    inventory: BTreeMap<String, Value>,
     ws: Session,
     underway: Underway,
     /// The last heartbeat's `seq`.
@@ -242,9 +244,20 @@ impl Live<'_> {
             (!knobs.skip_heartbeats).then(|| heartbeat_interval(knobs, heartbeat_interval_secs));
         let flap_at = knobs.flapping.map(|every| Instant::now() + every);
         let mut stop = daemon.shared.stop.subscribe();
+        let mut faults = daemon.watch_faults();
+        faults.mark_unchanged();
         loop {
+            let faults_due = daemon.faults_due();
             let handled = tokio::select! {
                 () = stopped(&mut stop) => self.on_stop().await,
+                () = sleep_until(faults_due) => {
+                    daemon.faults_appear();
+                    Ok(Next::Continue)
+                }
+                changed = faults.changed() => match changed {
+                    Ok(()) => self.on_faults_changed().await,
+                    Err(_) => Ok(Next::Continue),
+                },
                 () = tick(&mut heartbeats) => self.on_heartbeat_due().await,
                 () = sleep_until(flap_at) => self.on_flap().await,
                 () = tokio::time::sleep_until(self.identity.renew_at) => self.on_renew_due().await,
@@ -274,6 +287,19 @@ impl Live<'_> {
             .fetch_add(1, Ordering::Relaxed);
         self.daemon.update(|s| s.heartbeats_sent += 1);
         Ok(Next::Continue)
+    }
+
+    /// The machine's faults changed outside a command (a GPU failed): the session ends and
+    /// the next `hello` announces the changed `gpus` section, which the gateway then asks
+    /// for. (A reset's own change is reported by the `inventory.refresh` that verifies it.)
+    async fn on_faults_changed(&mut self) -> Result<Next, DaemonError> {
+        let now = self.daemon.inventory();
+        if now.get("gpus") == self.inventory.get("gpus") {
+            return Ok(Next::Continue);
+        }
+        tracing::debug!(hostname = %self.daemon.hostname(), "the GPUs' faults changed: reconnecting to report them");
+        close(&mut self.ws, "inventory changed").await;
+        Ok(Next::End(SessionEnd::Flapped))
     }
 
     async fn on_flap(&mut self) -> Result<Next, DaemonError> {
@@ -318,10 +344,15 @@ impl Live<'_> {
         for command in self.underway.take_done() {
             match self
                 .daemon
-                .finish_command(&mut self.ws, command, self.inventory)
+                .finish_command(&mut self.ws, command, &self.inventory)
                 .await?
             {
                 CommandEffect::None => {}
+                CommandEffect::Reinventory => {
+                    // The machine changed under this session (a reset cleared a fault):
+                    // what it reports from now on is the machine as it is.
+                    self.inventory = self.daemon.inventory();
+                }
                 CommandEffect::Reboot => {
                     close(&mut self.ws, "rebooting").await;
                     return Ok(Next::End(SessionEnd::Flapped));

@@ -7,11 +7,10 @@ use super::identity::Identity;
 use super::session::{Opening, Session};
 use bc_core::protocol::{self, ErrorBody};
 use rustls::client::WebPkiServerVerifier;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
-use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use rustls::{ClientConfig, RootCertStore};
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
 use std::time::Duration;
@@ -232,58 +231,6 @@ impl Trust {
     }
 }
 
-/// Accepts any server certificate. Used for exactly one request: fetching `/v1/ca.pem`
-/// before the daemon knows the CA, whose answer is then checked against the pin (or trusted
-/// on first use). The handshake signatures are still checked against the presented
-/// certificate.
-#[derive(Debug)]
-struct AcceptAnyServerCertificate(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for AcceptAnyServerCertificate {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
-}
-
 /// `GET /v1/ca.pem` without verifying the server: the caller must check what it gets.
 async fn fetch_ca_unverified(
     base: &reqwest::Url,
@@ -292,7 +239,11 @@ async fn fetch_ca_unverified(
     let mut config = ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()?
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AcceptAnyServerCertificate(provider)))
+        .with_custom_certificate_verifier(
+            // Used for exactly one request: fetching `/v1/ca.pem` before the daemon knows
+            // the CA, whose answer is then checked against the pin (or trusted on first use).
+            Arc::new(better_compute::bmc::AcceptAnyCertificate::new(provider)),
+        )
         .with_no_client_auth();
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     let client = reqwest::Client::builder()

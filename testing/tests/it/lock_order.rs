@@ -86,7 +86,7 @@ async fn race(s: &TestServer, id: &str, step: SessionStep) {
     let revoke = tokio::spawn(gql(
         s.url(),
         s.admin_token().to_owned(),
-        "mutation($input: ReasonedNodeInput!) { revokeNodeIdentity(input: $input) { identityGeneration } }",
+        "mutation($input: RevokeNodeIdentityInput!) { revokeNodeIdentity(input: $input) { node { identityGeneration } } }",
         json!({ "input": { "id": id, "version": version, "reason": "lock order" } }),
     ));
     wait_for_waiters(&watcher, "wait_event = 'advisory'", 1).await;
@@ -125,7 +125,7 @@ async fn race(s: &TestServer, id: &str, step: SessionStep) {
         "{step:?}: the revoke failed: {revoked}"
     );
     assert_eq!(
-        revoked["data"]["revokeNodeIdentity"]["identityGeneration"],
+        revoked["data"]["revokeNodeIdentity"]["node"]["identityGeneration"],
         2
     );
     match session {

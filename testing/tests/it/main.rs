@@ -3,4 +3,6 @@
 mod fleet;
 mod lifecycle;
 mod lock_order;
+mod remediation;
 mod restart_under_load;
+mod workload;

@@ -115,7 +115,7 @@ async fn restart_under_load(backend: Backend, nodes: usize) -> Figures {
     }
     let internal_before = internal_errors(&servers[0]).await;
     let internal_deadlocks_before = internal_deadlocks(&servers[0]).await;
-    let deadlocks_before = deadlocks(&servers[0]).await;
+    let deadlocks_before = servers[0].postgres_deadlocks().await;
 
     let proxy = Proxy::start(servers.iter().map(gateway_addr).collect()).await;
     let api = Api::new(&servers);
@@ -208,18 +208,18 @@ async fn restart_under_load(backend: Backend, nodes: usize) -> Figures {
     // PostgreSQL counts a deadlock when the backend that saw it reports its statistics,
     // which it does at the latest when it exits: restart every server so that all the
     // backends of the run exit, wait until they have, and read the counter.
-    let old_backends = backends(&servers[0]).await;
+    let old_backends = servers[0].postgres_backends().await;
     let mut restarted = Vec::new();
     for server in servers {
         restarted.push(server.restart().await.expect("a last restart"));
     }
     if backend == Backend::Postgres {
         wait_until("the run's PostgreSQL backends exited", || async {
-            let now = backends(&restarted[0]).await;
+            let now = restarted[0].postgres_backends().await;
             !old_backends.iter().any(|pid| now.contains(pid))
         })
         .await;
-        let after = deadlocks(&restarted[0]).await;
+        let after = restarted[0].postgres_deadlocks().await;
         figures.deadlocks = after.zip(deadlocks_before).map(|(a, b)| a - b);
     }
     for server in restarted {
@@ -351,43 +351,6 @@ async fn own_connection(server: &TestServer) -> DatabaseConnection {
     let mut options = ConnectOptions::new(server.database_url().to_owned());
     options.max_connections(1).sqlx_logging(false);
     Database::connect(options).await.expect("a connection")
-}
-
-async fn deadlocks(server: &TestServer) -> Option<i64> {
-    if server.backend != Backend::Postgres {
-        return None;
-    }
-    let db = own_connection(server).await;
-    let row = db
-        .query_one_raw(Statement::from_string(
-            db.get_database_backend(),
-            "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()",
-        ))
-        .await
-        .expect("pg_stat_database")
-        .expect("a row for the test database");
-    let count: i64 = row.try_get("", "deadlocks").expect("deadlocks");
-    db.close().await.expect("closing");
-    Some(count)
-}
-
-/// The PostgreSQL backends on the test database other than the asking one.
-async fn backends(server: &TestServer) -> Vec<i32> {
-    if server.backend != Backend::Postgres {
-        return Vec::new();
-    }
-    let db = own_connection(server).await;
-    let rows = db
-        .query_all_raw(Statement::from_string(
-            db.get_database_backend(),
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()",
-        ))
-        .await
-        .expect("pg_stat_activity");
-    db.close().await.expect("closing");
-    rows.iter()
-        .map(|r| r.try_get::<i32>("", "pid").expect("pid"))
-        .collect()
 }
 
 /// `bc_internal_errors_total`, summed over causes. The recorder is the process's, shared by
@@ -562,12 +525,12 @@ impl Load {
                     for kind in ["INVENTORY_REFRESH", "LOGS_COLLECT"] {
                         if let Some(data) = api
                             .call(
-                                "mutation($kind: CommandKind!) { sendCommand(input: {filter: {}, kind: $kind}) { id } }",
+                                "mutation($kind: CommandKind!) { sendCommand(input: {filter: {}, kind: $kind}) { commands { id } } }",
                                 json!({ "kind": kind }),
                             )
                             .await
                         {
-                            let n = data["sendCommand"].as_array().map_or(0, Vec::len);
+                            let n = data["sendCommand"]["commands"].as_array().map_or(0, Vec::len);
                             sent.fetch_add(n as u64, Ordering::Relaxed);
                             round += usize::from(kind == "LOGS_COLLECT");
                         }
@@ -591,13 +554,13 @@ impl Load {
                         let (id, version) = (&node["id"], &node["version"]);
                         if node["cordoned"] == true {
                             api.call(
-                                "mutation($input: NodeVersionInput!) { uncordonNode(input: $input) { id } }",
+                                "mutation($input: UncordonNodeInput!) { uncordonNode(input: $input) { node { id } } }",
                                 json!({ "input": { "id": id, "version": version } }),
                             )
                             .await;
                         } else {
                             api.call(
-                                "mutation($input: CordonNodeInput!) { cordonNode(input: $input) { id } }",
+                                "mutation($input: CordonNodeInput!) { cordonNode(input: $input) { node { id } } }",
                                 json!({ "input": { "id": id, "version": version, "reason": "restart under load" } }),
                             )
                             .await;
@@ -671,7 +634,7 @@ fn revoke(api: &Api, ids: Vec<String>) -> JoinHandle<u64> {
                     let input = json!({ "id": id, "version": node["node"]["version"], "reason": "restart under load" });
                     if api
                         .call(
-                            "mutation($input: ReasonedNodeInput!) { revokeNodeIdentity(input: $input) { id } }",
+                            "mutation($input: RevokeNodeIdentityInput!) { revokeNodeIdentity(input: $input) { node { id } } }",
                             json!({ "input": input }),
                         )
                         .await

@@ -133,13 +133,8 @@ pub struct CommandFilter {
     pub tenant: Option<TenantId>,
 }
 
-/// Newest first, ids before `before` (the previous page's last id).
-pub async fn list(
-    conn: &impl ConnectionTrait,
-    filter: &CommandFilter,
-    before: Option<&str>,
-    limit: u64,
-) -> anyhow::Result<Vec<Command>> {
+/// The commands `filter` matches.
+fn matching(filter: &CommandFilter) -> Condition {
     let mut cond = Condition::all();
     if !filter.node_ids.is_empty() {
         cond = cond
@@ -155,6 +150,17 @@ pub async fn list(
     if let Some(tenant) = &filter.tenant {
         cond = cond.add(command::Column::TenantId.eq(tenant.to_string()));
     }
+    cond
+}
+
+/// Newest first, ids before `before` (the previous page's last id).
+pub async fn list(
+    conn: &impl ConnectionTrait,
+    filter: &CommandFilter,
+    before: Option<&str>,
+    limit: u64,
+) -> anyhow::Result<Vec<Command>> {
+    let mut cond = matching(filter);
     if let Some(before) = before {
         cond = cond.add(command::Column::Id.lt(before));
     }
@@ -165,6 +171,15 @@ pub async fn list(
         .all(conn)
         .await?;
     rows.into_iter().map(command_from).collect()
+}
+
+/// How many commands `filter` matches.
+pub async fn count(conn: &impl ConnectionTrait, filter: &CommandFilter) -> anyhow::Result<u64> {
+    use sea_orm::PaginatorTrait;
+    Ok(command::Entity::find()
+        .filter(matching(filter))
+        .count(conn)
+        .await?)
 }
 
 /// The node's commands in `statuses`, oldest first, locked where the database can.

@@ -4,12 +4,15 @@
 
 use bc_core::Actor;
 use bc_core::event::{Axis, Change, EventType, RecordedEvent};
-use bc_core::ids::EventId;
+use bc_core::ids::{EventId, NodeId, TenantId};
 use bc_core::node::NodeRecord;
 use bc_entity::event;
 use chrono::{DateTime, Utc};
 use sea_orm::ActiveValue::{NotSet, Set};
-use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+use sea_orm::{
+    ColumnTrait, Condition, ConnectionTrait, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder,
+    QuerySelect,
+};
 
 use super::rows::recorded_event;
 use super::{Store, WriteTxn};
@@ -62,28 +65,83 @@ pub(super) async fn write_pending(
     Ok(())
 }
 
-/// Appends one event per change of `node`, written when `txn` commits.
+/// Appends one event per change of `node` (`after`, which was `before`; `None` for a new
+/// node), written when `txn` commits. Each event's `data` holds the node's version after
+/// the change, the rendered detail, and the change's structured detail
+/// ([`bc_core::history::change_detail`]); the version's first event also holds the step
+/// that rebuilds the node at this version ([`bc_core::history::Rebuild`]), and
+/// `node_version` is set on all of them.
+#[allow(clippy::too_many_arguments)]
 pub fn append_node_changes(
     txn: &WriteTxn,
+    before: Option<&NodeRecord>,
     node: &NodeRecord,
     changes: &[Change],
     actor: &Actor,
     cause: Option<&str>,
     now: DateTime<Utc>,
+) -> anyhow::Result<()> {
+    let rebuild = bc_core::history::Rebuild::between(before, node)?;
+    let mut rebuild = Some(rebuild);
+    let rows: Vec<event::ActiveModel> = changes
+        .iter()
+        .map(|change| {
+            let mut data = serde_json::json!({
+                "version": node.version,
+                "detail": change.detail,
+                "change": bc_core::history::change_detail(change, before, node),
+            });
+            if let Some(key) = &change.key {
+                data["key"] = serde_json::Value::from(key.as_str());
+            }
+            if let Some(step) = rebuild.take() {
+                data["rebuild"] = serde_json::to_value(step)?;
+            }
+            Ok(event::ActiveModel {
+                seq: NotSet,
+                node_id: Set(Some(node.id.to_string())),
+                tenant_id: Set(node.owner_tenant_id.as_ref().map(ToString::to_string)),
+                event_type: Set(change.event_type.to_string()),
+                axis: Set(Some(change.axis.to_string())),
+                from_value: Set(change.from.clone()),
+                to_value: Set(change.to.clone()),
+                actor: Set(actor.to_string()),
+                cause: Set(cause.map(str::to_owned)),
+                data: Set(data),
+                created_at: Set(now),
+                node_version: Set(Some(node.version)),
+            })
+        })
+        .collect::<anyhow::Result<_>>()?;
+    txn.append_events(rows);
+    Ok(())
+}
+
+/// Appends one event about a node that changed none of its fields (an operator's power
+/// action, which the BMC carries out): no axis, the node's `version` unchanged in `data`.
+pub fn append_node_action(
+    txn: &WriteTxn,
+    node: &NodeRecord,
+    event_type: EventType,
+    actor: &Actor,
+    cause: Option<&str>,
+    data: serde_json::Value,
+    now: DateTime<Utc>,
 ) {
-    txn.append_events(changes.iter().map(|change| event::ActiveModel {
+    txn.append_events([event::ActiveModel {
         seq: NotSet,
         node_id: Set(Some(node.id.to_string())),
         tenant_id: Set(node.owner_tenant_id.as_ref().map(ToString::to_string)),
-        event_type: Set(change.event_type.to_string()),
-        axis: Set(Some(change.axis.to_string())),
-        from_value: Set(change.from.clone()),
-        to_value: Set(change.to.clone()),
+        event_type: Set(event_type.to_string()),
+        axis: Set(None),
+        from_value: Set(None),
+        to_value: Set(None),
         actor: Set(actor.to_string()),
         cause: Set(cause.map(str::to_owned)),
-        data: Set(serde_json::json!({ "detail": change.detail, "version": node.version })),
+        data: Set(data),
+        node_version: Set(None),
         created_at: Set(now),
-    }));
+    }]);
 }
 
 /// Appends one event that is not about a single node axis (a tenant, site, pool or join token
@@ -109,6 +167,77 @@ pub fn append_other(
         cause: Set(None),
         data: Set(data),
         created_at: Set(now),
+        node_version: Set(None),
+    }]);
+}
+
+/// Appends the event of a remediation try entering its status (`remediation.<status>`):
+/// about the node, the try's id as the cause, the try itself in `data`.
+pub fn append_remediation(
+    txn: &WriteTxn,
+    attempt: &bc_core::remediation::RemediationAttempt,
+    tenant_id: Option<&bc_core::ids::TenantId>,
+    from: Option<bc_core::remediation::AttemptStatus>,
+    actor: &Actor,
+    now: DateTime<Utc>,
+) {
+    let data = serde_json::json!({
+        "attemptId": attempt.id,
+        "runId": attempt.run_id,
+        "condition": attempt.condition,
+        "step": attempt.step,
+        "action": attempt.current().map(|s| s.action),
+        "attempt": attempt.attempt,
+        "status": attempt.status,
+        "actionCommandId": attempt.action_command_id,
+        "verifyCommandId": attempt.verify_command_id,
+        "nextAttemptAt": attempt.next_attempt_at,
+        "note": attempt.note,
+    });
+    txn.append_events([event::ActiveModel {
+        seq: NotSet,
+        node_id: Set(Some(attempt.node_id.to_string())),
+        tenant_id: Set(tenant_id.map(ToString::to_string)),
+        event_type: Set(EventType::remediation(attempt.status).to_string()),
+        axis: Set(None),
+        from_value: Set(from.map(|s| s.to_string())),
+        to_value: Set(Some(attempt.status.to_string())),
+        actor: Set(actor.to_string()),
+        cause: Set(Some(attempt.id.to_string())),
+        data: Set(data),
+        node_version: Set(None),
+        created_at: Set(now),
+    }]);
+}
+
+/// Appends one placement event (`reservation.*`, `allocation.*`): about a reservation, and
+/// about a node where an allocation is booked or released. The cause is the reservation's id,
+/// so a client follows one reservation by it; the tenant is the reservation's.
+#[allow(clippy::too_many_arguments)]
+pub fn append_placement(
+    txn: &WriteTxn,
+    event_type: EventType,
+    reservation: &bc_core::placement::Reservation,
+    node_id: Option<&bc_core::ids::NodeId>,
+    from: Option<String>,
+    to: Option<String>,
+    actor: &Actor,
+    data: serde_json::Value,
+    now: DateTime<Utc>,
+) {
+    txn.append_events([event::ActiveModel {
+        seq: NotSet,
+        node_id: Set(node_id.map(ToString::to_string)),
+        tenant_id: Set(Some(reservation.tenant_id.to_string())),
+        event_type: Set(event_type.to_string()),
+        axis: Set(None),
+        from_value: Set(from),
+        to_value: Set(to),
+        actor: Set(actor.to_string()),
+        cause: Set(Some(reservation.id.to_string())),
+        data: Set(data),
+        created_at: Set(now),
+        node_version: Set(None),
     }]);
 }
 
@@ -153,6 +282,147 @@ pub async fn for_node(
         .all(conn)
         .await?;
     rows.into_iter().map(recorded_event).collect()
+}
+
+/// Which events of the log a reader wants (the fleet event log and the live `events`
+/// subscription share it: [`EventFilter::matches`] is the same filter in Rust). Empty lists
+/// match everything; `since` is inclusive, `until` exclusive.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EventFilter {
+    pub node_ids: Vec<NodeId>,
+    pub types: Vec<EventType>,
+    pub actors: Vec<Actor>,
+    pub since: Option<DateTime<Utc>>,
+    pub until: Option<DateTime<Utc>>,
+    /// Only the events of this tenant (a tenant principal's visibility); `None`: all.
+    pub tenant: Option<TenantId>,
+}
+
+impl EventFilter {
+    /// Whether `event` passes the filter: the same rule as [`list`]'s SQL.
+    pub fn matches(&self, event: &RecordedEvent) -> bool {
+        (self.node_ids.is_empty()
+            || event
+                .node_id
+                .as_ref()
+                .is_some_and(|n| self.node_ids.contains(n)))
+            && (self.types.is_empty() || self.types.contains(&event.event_type))
+            && (self.actors.is_empty() || self.actors.contains(&event.actor))
+            && self.since.is_none_or(|since| event.at >= since)
+            && self.until.is_none_or(|until| event.at < until)
+            && self
+                .tenant
+                .as_ref()
+                .is_none_or(|t| event.tenant_id.as_ref() == Some(t))
+    }
+}
+
+/// The events `filter` matches, as SQL.
+fn matching(filter: &EventFilter) -> Condition {
+    let mut cond = Condition::all();
+    if !filter.node_ids.is_empty() {
+        cond =
+            cond.add(event::Column::NodeId.is_in(filter.node_ids.iter().map(ToString::to_string)));
+    }
+    if !filter.types.is_empty() {
+        cond = cond
+            .add(event::Column::EventType.is_in(filter.types.iter().map(|t| t.as_static_str())));
+    }
+    if !filter.actors.is_empty() {
+        cond = cond.add(event::Column::Actor.is_in(filter.actors.iter().map(ToString::to_string)));
+    }
+    if let Some(since) = filter.since {
+        cond = cond.add(event::Column::CreatedAt.gte(since));
+    }
+    if let Some(until) = filter.until {
+        cond = cond.add(event::Column::CreatedAt.lt(until));
+    }
+    if let Some(tenant) = &filter.tenant {
+        cond = cond.add(event::Column::TenantId.eq(tenant.to_string()));
+    }
+    cond
+}
+
+/// The fleet event log: events matching `filter`, newest first, older than `before` if
+/// given, `limit` of them.
+pub async fn list(
+    conn: &impl ConnectionTrait,
+    filter: &EventFilter,
+    before: Option<i64>,
+    limit: u64,
+) -> anyhow::Result<Vec<RecordedEvent>> {
+    let mut cond = matching(filter);
+    if let Some(before) = before {
+        cond = cond.add(event::Column::Seq.lt(before));
+    }
+    let rows = event::Entity::find()
+        .filter(cond)
+        .order_by_desc(event::Column::Seq)
+        .limit(limit)
+        .all(conn)
+        .await?;
+    rows.into_iter().map(recorded_event).collect()
+}
+
+/// How many events `filter` matches.
+pub async fn count(
+    conn: &impl ConnectionTrait,
+    filter: &EventFilter,
+) -> Result<u64, sea_orm::DbErr> {
+    event::Entity::find()
+        .filter(matching(filter))
+        .count(conn)
+        .await
+}
+
+/// The events of a node whose node version lies in `from..=to`, oldest first: what a
+/// rebuild of the node folds (`bc_core::history`). An indexed range read
+/// (`ix_events_node_id_node_version`).
+pub async fn of_node_versions(
+    conn: &impl ConnectionTrait,
+    node_id: &NodeId,
+    from: i64,
+    to: i64,
+) -> anyhow::Result<Vec<RecordedEvent>> {
+    let rows = event::Entity::find()
+        .filter(event::Column::NodeId.eq(node_id.as_str()))
+        .filter(event::Column::NodeVersion.between(from, to))
+        .order_by_asc(event::Column::NodeVersion)
+        .order_by_asc(event::Column::Seq)
+        .all(conn)
+        .await?;
+    rows.into_iter().map(recorded_event).collect()
+}
+
+/// A point in the log: a time, or an event's sequence number.
+#[derive(Debug, Clone, Copy)]
+pub enum LogPoint {
+    At(DateTime<Utc>),
+    Seq(i64),
+}
+
+/// The node's version in force at `point`: that of its newest node change at or before it
+/// (`None`: the node did not exist yet, or has no recorded change).
+pub async fn node_version_at(
+    conn: &impl ConnectionTrait,
+    node_id: &NodeId,
+    point: LogPoint,
+) -> Result<Option<i64>, sea_orm::DbErr> {
+    let until = match point {
+        LogPoint::At(at) => event::Column::CreatedAt.lte(at),
+        LogPoint::Seq(seq) => event::Column::Seq.lte(seq),
+    };
+    let version = event::Entity::find()
+        .select_only()
+        .column(event::Column::NodeVersion)
+        .filter(event::Column::NodeId.eq(node_id.as_str()))
+        .filter(event::Column::NodeVersion.is_not_null())
+        .filter(until)
+        .order_by_desc(event::Column::NodeVersion)
+        .into_tuple::<Option<i64>>()
+        .one(conn)
+        .await?;
+    Ok(version.flatten())
 }
 
 /// The node's newest event of `event_type` (with this `cause`, if given), if any: an indexed
@@ -206,6 +476,7 @@ pub fn append_command(
             "error": command.error,
         })),
         created_at: Set(now),
+        node_version: Set(None),
     }]);
 }
 

@@ -7,8 +7,8 @@ use bc_entity::{node_device, node_inventory_section};
 use chrono::{DateTime, Utc};
 use sea_orm::ActiveValue::Set;
 use sea_orm::sea_query::OnConflict;
-use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder};
-use std::collections::BTreeMap;
+use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+use std::collections::{BTreeMap, BTreeSet};
 
 /// The hash of each inventory section stored for a node.
 pub async fn hashes(
@@ -72,6 +72,32 @@ pub async fn sections(
         .collect())
 }
 
+/// Which of `nodes` have a stored `section`.
+pub async fn nodes_with_section(
+    conn: &impl ConnectionTrait,
+    nodes: &[NodeId],
+    section: &str,
+) -> anyhow::Result<BTreeSet<NodeId>> {
+    if nodes.is_empty() {
+        return Ok(BTreeSet::new());
+    }
+    node_inventory_section::Entity::find()
+        .select_only()
+        .column(node_inventory_section::Column::NodeId)
+        .filter(node_inventory_section::Column::Section.eq(section))
+        .filter(node_inventory_section::Column::NodeId.is_in(nodes.iter().map(ToString::to_string)))
+        .into_tuple::<String>()
+        .all(conn)
+        .await?
+        .into_iter()
+        .map(|id| {
+            NodeId::parse(&id).map_err(|e| {
+                anyhow::anyhow!("corrupt row: node_inventory_sections.node_id `{id}`: {e}")
+            })
+        })
+        .collect()
+}
+
 /// Replaces a node's devices with `devices`.
 pub async fn replace_devices(
     conn: &impl ConnectionTrait,
@@ -79,12 +105,13 @@ pub async fn replace_devices(
     devices: &[Device],
     now: DateTime<Utc>,
 ) -> anyhow::Result<()> {
+    super::placement::lock_free_counts(conn, std::slice::from_ref(node_id)).await?;
     node_device::Entity::delete_many()
         .filter(node_device::Column::NodeId.eq(node_id.to_string()))
         .exec(conn)
         .await?;
     if devices.is_empty() {
-        return Ok(());
+        return super::placement::recount_free_atoms(conn, std::slice::from_ref(node_id)).await;
     }
     let rows = devices.iter().map(|d| node_device::ActiveModel {
         node_id: Set(node_id.to_string()),
@@ -102,7 +129,8 @@ pub async fn replace_devices(
     node_device::Entity::insert_many(rows)
         .exec_without_returning(conn)
         .await?;
-    Ok(())
+    // The placer's index counts these devices (ARCHITECTURE.md, Invariants).
+    super::placement::recount_free_atoms(conn, std::slice::from_ref(node_id)).await
 }
 
 /// A node's devices, in name order.

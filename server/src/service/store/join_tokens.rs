@@ -6,7 +6,9 @@ use bc_core::join::JoinToken;
 use bc_entity::join_token;
 use chrono::{DateTime, Utc};
 use sea_orm::ActiveValue::Set;
-use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder};
+use sea_orm::{
+    ColumnTrait, ConnectionTrait, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder, QuerySelect,
+};
 
 fn from_row(row: join_token::Model) -> anyhow::Result<JoinToken> {
     let corrupt = |c: &str, v: &str| anyhow::anyhow!("corrupt row: join_tokens.{c} = `{v}`");
@@ -62,15 +64,29 @@ pub async fn get(
     select.one(conn).await?.map(from_row).transpose()
 }
 
-/// Every token, newest first.
-pub async fn all(conn: &impl ConnectionTrait) -> anyhow::Result<Vec<JoinToken>> {
-    join_token::Entity::find()
-        .order_by_desc(join_token::Column::CreatedAt)
+/// At most `limit` tokens, newest first, after (older than) the token `after`. Ids are
+/// UUIDv7, so id order is creation order, as for commands.
+pub async fn page(
+    conn: &impl ConnectionTrait,
+    after: Option<&JoinTokenId>,
+    limit: u64,
+) -> anyhow::Result<Vec<JoinToken>> {
+    let mut select = join_token::Entity::find();
+    if let Some(after) = after {
+        select = select.filter(join_token::Column::Id.lt(after.to_string()));
+    }
+    select
+        .order_by_desc(join_token::Column::Id)
+        .limit(limit)
         .all(conn)
         .await?
         .into_iter()
         .map(from_row)
         .collect()
+}
+
+pub async fn count(conn: &impl ConnectionTrait) -> anyhow::Result<u64> {
+    Ok(join_token::Entity::find().count(conn).await?)
 }
 
 /// Records that the token admitted its `uses`-th join.

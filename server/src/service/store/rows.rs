@@ -114,6 +114,11 @@ pub fn node_record(row: node::Model, children: NodeChildren) -> anyhow::Result<N
                 no_schedule: c.no_schedule,
                 last_transition_at: c.last_transition_at,
                 updated_at: c.updated_at,
+                proof: c
+                    .proof
+                    .map(serde_json::from_value)
+                    .transpose()
+                    .context("corrupt row: node_conditions.proof")?,
             })
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
@@ -280,6 +285,7 @@ pub fn condition_rows(node: &NodeRecord) -> Vec<node_condition::ActiveModel> {
             set_by: Set(c.set_by.to_string()),
             last_transition_at: Set(c.last_transition_at),
             updated_at: Set(c.updated_at),
+            proof: Set(c.proof.as_ref().and_then(|p| serde_json::to_value(p).ok())),
         })
         .collect()
 }
@@ -366,6 +372,18 @@ pub fn pool(row: pool::Model) -> anyhow::Result<Pool> {
         hardware_profile: serde_json::from_value::<HardwareProfile>(row.hardware_profile)
             .context("corrupt row: pools.hardware_profile")?,
         drivers: string_map("pools", "drivers", &row.drivers)?,
+        remediation: row
+            .remediation
+            .map(serde_json::from_value)
+            .transpose()
+            .context("corrupt row: pools.remediation")?
+            .unwrap_or_default(),
+        acceptance: row
+            .acceptance
+            .map(serde_json::from_value)
+            .transpose()
+            .context("corrupt row: pools.acceptance")?
+            .unwrap_or_default(),
         created_at: row.created_at,
     })
 }
@@ -415,6 +433,7 @@ mod tests {
             cause: Some("cordonNode".into()),
             data: serde_json::json!({ "detail": "rack move", "version": 2 }),
             created_at: chrono::DateTime::UNIX_EPOCH,
+            node_version: Some(2),
         }
     }
 

@@ -113,3 +113,26 @@ pub fn event_summary(node: &Value) -> Vec<(String, String, Option<String>, Optio
 pub fn extensions(response: &Gql) -> &Value {
     &response.error()["extensions"]
 }
+
+/// A site and a `metal-host` pool whose drivers bind `power` to `driver`.
+pub async fn metal_pool(s: &TestServer, driver: &str) -> (String, String) {
+    let site = s
+        .admin(
+            "mutation($name: String!) { createSite(input: {name: $name, kind: PLATFORM}) { site { id } } }",
+            json!({ "name": format!("dc-{}", uuid::Uuid::new_v4().simple()) }),
+        )
+        .await["createSite"]["site"]["id"]
+        .as_str()
+        .expect("site id")
+        .to_owned();
+    let pool = s
+        .admin(
+            "mutation($site: ID!, $driver: String!) { createPool(input: {siteId: $site, name: \"metal\", kind: METAL_HOST, drivers: [{key: \"power\", value: $driver}]}) { pool { id } } }",
+            json!({ "site": site, "driver": driver }),
+        )
+        .await["createPool"]["pool"]["id"]
+        .as_str()
+        .expect("pool id")
+        .to_owned();
+    (site, pool)
+}

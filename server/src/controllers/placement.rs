@@ -1,0 +1,166 @@
+//! Placement's background work: the retry loop that places pending reservations when
+//! capacity may have grown, and the expiry tick.
+//!
+//! The retry loop is event-driven: it follows the live event feed (which carries every
+//! replica's commits) and, for each event that may free capacity
+//! ([`bc_core::placement::may_free_capacity`]), asks for a retry of the pool concerned. Pools
+//! asked for within [`RETRY_BATCH_WINDOW`] are retried together, each once. At rest, a fleet
+//! with pending reservations costs nothing but a [`SAFETY_SWEEP`] pass, which catches
+//! a retry that failed (a database error) or contention the placer skipped.
+
+use bc_core::Actor;
+use bc_core::ids::PoolId;
+use futures::StreamExt;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::task::JoinHandle;
+
+use crate::error::ApiError;
+use crate::feed::{Feed, FeedEvent};
+use crate::service::Services;
+
+/// The controller's name: events say `controller:placement`.
+pub const ACTOR: &str = "placement";
+/// Requests arriving within this window after the first are served by one pass: a burst of
+/// node events (a rack reconnecting) costs one retry per pool, not one per event.
+pub const RETRY_BATCH_WINDOW: Duration = Duration::from_millis(50);
+/// Every pool with pending reservations is retried at least this often, whatever the feed
+/// says.
+pub const SAFETY_SWEEP: Duration = Duration::from_secs(60);
+/// How long the loop waits before following the feed again after it failed.
+const FEED_RETRY: Duration = Duration::from_secs(1);
+
+/// What one expiry tick did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PlacementTickReport {
+    /// Reservations ended by their expiry (placed ones released, pending ones failed).
+    pub expired: usize,
+}
+
+/// The time-driven half of placement: expiry. Run by the controller loop.
+pub struct PlacementController {
+    services: Services,
+    actor: Actor,
+}
+
+impl PlacementController {
+    pub fn new(services: Services) -> Self {
+        PlacementController {
+            services,
+            actor: Actor::Controller(ACTOR.to_owned()),
+        }
+    }
+
+    /// One pass: ends the reservations whose expiry passed.
+    pub async fn tick(&mut self) -> Result<PlacementTickReport, ApiError> {
+        Ok(PlacementTickReport {
+            expired: self.services.expire_reservations(&self.actor).await?,
+        })
+    }
+}
+
+/// The pool an event concerns: its node's pool, or the pool in its data (placement events).
+fn pool_of(event: &FeedEvent) -> Option<PoolId> {
+    if let Some(node) = &event.node {
+        return node.record.pool_id.clone();
+    }
+    event
+        .event
+        .data
+        .get("poolId")
+        .and_then(serde_json::Value::as_str)
+        .and_then(|p| PoolId::parse(p).ok())
+}
+
+/// Retries the pending reservations of every pool asked for, once each.
+async fn retry_requested(services: &Services, actor: &Actor) {
+    for pool in services.placement_retry.take() {
+        match services.place_pending(&pool, actor).await {
+            Ok(report) => {
+                if report.placed > 0 {
+                    tracing::debug!(%pool, ?report, "placed pending reservations");
+                }
+                if report.retry {
+                    services.placement_retry.request(&pool);
+                }
+            }
+            Err(err) => {
+                tracing::warn!(%pool, code = err.code(), message = %err.message(), "retrying pending reservations failed");
+            }
+        }
+    }
+}
+
+/// Asks for a retry of every pool with pending reservations.
+async fn request_all(services: &Services) {
+    match services.pools_with_pending().await {
+        Ok(pools) => pools
+            .iter()
+            .for_each(|pool| services.placement_retry.request(pool)),
+        Err(err) => {
+            tracing::warn!(code = err.code(), message = %err.message(), "listing pools with pending reservations failed");
+        }
+    }
+}
+
+/// Starts the retry loop; it ends when the feed stops (server shutdown).
+pub fn spawn_retry_loop(services: Services, feed: Arc<Feed>) -> JoinHandle<()> {
+    let actor = Actor::Controller(ACTOR.to_owned());
+    let retries = tokio::spawn({
+        let services = services.clone();
+        let actor = actor.clone();
+        async move {
+            let mut sweep = tokio::time::interval(SAFETY_SWEEP);
+            sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    // The first tick is immediate: pending work left by a previous run is
+                    // retried at start.
+                    _ = sweep.tick() => request_all(&services).await,
+                    () = services.placement_retry.requested() => {
+                        tokio::time::sleep(RETRY_BATCH_WINDOW).await;
+                    }
+                }
+                retry_requested(&services, &actor).await;
+            }
+        }
+    });
+    tokio::spawn(async move {
+        loop {
+            let start = match services.event_head().await {
+                Ok(head) => head,
+                Err(err) => {
+                    tracing::warn!(code = err.code(), message = %err.message(), "the placement loop cannot read the event head");
+                    tokio::time::sleep(FEED_RETRY).await;
+                    continue;
+                }
+            };
+            let events = feed.subscribe(services.clone(), start);
+            tokio::pin!(events);
+            let mut failed = false;
+            while let Some(item) = events.next().await {
+                match item {
+                    Ok(event) => {
+                        if bc_core::placement::may_free_capacity(event.event.event_type)
+                            && let Some(pool) = pool_of(&event)
+                        {
+                            services.placement_retry.request(&pool);
+                        }
+                    }
+                    Err(err) => {
+                        // Fell behind the feed: a full sweep replaces the events missed.
+                        tracing::debug!(code = err.code(), "the placement loop resumes the feed");
+                        request_all(&services).await;
+                        failed = true;
+                        break;
+                    }
+                }
+            }
+            if !failed {
+                // The feed ended: the server is stopping.
+                retries.abort();
+                return;
+            }
+        }
+    })
+}
