@@ -16,12 +16,12 @@ use bc_core::Actor;
 use bc_core::acceptance::{self, AcceptanceStep};
 use bc_core::axes::ProvisionState;
 use bc_core::command::{Command, CommandKind, NewCommand};
+use bc_core::ids::NodeId;
 use bc_core::node::NodeRecord;
 use bc_core::provision::ProvisionMove;
 
 use super::{Applied, apply};
 use crate::error::ApiError;
-use crate::service::CommandFilter;
 use crate::service::Services;
 
 /// Nodes looked at per pass at most; the rest wait for the next tick.
@@ -56,9 +56,23 @@ impl LifecycleController {
     }
 
     async fn acceptance(&mut self, report: &mut LifecycleReport) -> Result<(), ApiError> {
-        for candidate in self.services.acceptance_candidates(MAX_PER_TICK).await? {
+        let candidates = self
+            .services
+            .acceptance_candidates(&self.actor, MAX_PER_TICK)
+            .await?;
+        // Each candidate's newest diagnostic, for the whole list in one query: while a fleet
+        // comes up, thousands of nodes wait on theirs, and a query per node per tick kept
+        // the database busy with answers that had not changed.
+        let ids: Vec<NodeId> = candidates.iter().map(|c| c.node.id.clone()).collect();
+        let mut diagnostics = self
+            .services
+            .newest_commands_by(&ids, CommandKind::DiagNvml, &self.actor)
+            .await?;
+        for candidate in candidates {
             let node = &candidate.node;
-            let diagnostic = self.current_diagnostic(node).await?;
+            let diagnostic = self
+                .current_diagnostic(node, diagnostics.remove(&node.id))
+                .await?;
             let step = acceptance::decide(
                 &candidate.policy,
                 &candidate.profile,
@@ -118,19 +132,18 @@ impl LifecycleController {
         Ok(())
     }
 
-    /// The newest `diag.nvml` acceptance queued for the node in its current life: a
-    /// finished one from before the node's last provision move (a failed acceptance, then
-    /// `recover`) judged the node in its previous life, so the node gets a new one rather
-    /// than failing again on old evidence.
-    async fn current_diagnostic(&self, node: &NodeRecord) -> Result<Option<Command>, ApiError> {
-        let mine = CommandFilter {
-            node_ids: vec![node.id.clone()],
-            kinds: vec![CommandKind::DiagNvml],
-            ..Default::default()
-        };
-        let (checks, _) = self.services.commands(&platform(), mine, None, 20).await?;
-        let latest = checks.into_iter().find(|c| c.created_by == self.actor);
-        Ok(match latest {
+    /// The newest `diag.nvml` acceptance queued for the node in its current life, given the
+    /// newest of all (`newest`): a finished one from before the node's last provision move (a
+    /// failed acceptance, then `recover`) judged the node in its previous life, so the node
+    /// gets a new one rather than failing again on old evidence. Only a finished check costs
+    /// a look at the log, and is acted on at once (the node is adopted, failed, or
+    /// given a new check).
+    async fn current_diagnostic(
+        &self,
+        node: &NodeRecord,
+        newest: Option<Command>,
+    ) -> Result<Option<Command>, ApiError> {
+        Ok(match newest {
             Some(check) if check.status.is_final() => {
                 let stale = self
                     .services
@@ -170,15 +183,5 @@ impl LifecycleController {
             }
         }
         Ok(())
-    }
-}
-
-/// Controllers read as the platform.
-fn platform() -> crate::auth::Principal {
-    crate::auth::Principal {
-        subject: "controller".into(),
-        role: crate::auth::Role::Admin,
-        tenant: None,
-        expires_at: chrono::DateTime::<chrono::Utc>::MAX_UTC,
     }
 }

@@ -18,6 +18,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use crate::error::ApiError;
+use crate::service::inventory::ReportedSection;
 use crate::service::session_registry::SessionSignal;
 use crate::service::sessions::OpenedSession;
 use bc_core::command::{CommandKind, Outcome};
@@ -28,6 +29,12 @@ use crate::pki::NodeIdentity;
 
 /// How long a daemon has to say `hello` after the upgrade.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long inventory sections wait for the rest of their report before they are stored
+/// anyway. A daemon sends a report's sections back to back (all that `welcome` asked for,
+/// or those of one `inventory.refresh` before its result), so a report is normally stored
+/// as soon as it is complete or the next other frame arrives; this only bounds a daemon
+/// that sends fewer sections than asked, or pauses between them.
+const INVENTORY_REPORT_WINDOW: Duration = Duration::from_millis(250);
 
 type Sink = SplitSink<WebSocket, Message>;
 type Stream = SplitStream<WebSocket>;
@@ -267,6 +274,13 @@ struct Desk {
     spec_sent: i64,
     /// The last heartbeat's `seq`; each must be higher than the one before.
     last_seq: Option<u64>,
+    /// The report being gathered: sections received and checked, not stored yet.
+    report: Vec<ReportedSection>,
+    /// When the report is stored even if incomplete ([`INVENTORY_REPORT_WINDOW`]).
+    report_due: Option<tokio::time::Instant>,
+    /// Sections asked for in `welcome` that have not arrived yet; `None` once they all
+    /// have (the first report is complete), or when none were asked for.
+    awaited: Option<HashSet<String>>,
 }
 
 /// An open session: what its handlers share.
@@ -278,6 +292,14 @@ struct Live<'a> {
     wanted: &'a [String],
     sink: &'a mut Sink,
     desk: Desk,
+}
+
+/// Waits until `at`, or forever when there is nothing to wait for.
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Reads frames until the daemon leaves (`None`) or the session must end (`Some`).
@@ -298,6 +320,8 @@ async fn follow(
         sink,
         desk: Desk {
             spec_sent: opened.spec_generation,
+            awaited: (!opened.want_sections.is_empty())
+                .then(|| opened.want_sections.iter().cloned().collect()),
             ..Desk::default()
         },
     };
@@ -305,12 +329,17 @@ async fn follow(
     // a spec newer than the one in `welcome`) goes out before the first frame is read.
     let mut next = Next::from(live.dispatch().await);
     while let Next::Continue = next {
+        let report_due = live.desk.report_due;
         next = tokio::select! {
             frame = stream.next() => live.on_frame(frame).await,
             signal = kicks.recv() => live.on_signal(signal).await,
+            () = sleep_until_some(report_due) => live.store_report().await,
             _ = shutdown.changed() => Next::Close(Ending::shutdown()),
         };
     }
+    // Sections received before the session ended were checked: they are stored, as they
+    // would have been one by one. (A store that failed has emptied the report already.)
+    let _ = live.store_report().await;
     match next {
         Next::Close(ending) => Some(ending),
         Next::Continue | Next::DaemonLeft => None,
@@ -336,6 +365,13 @@ impl Live<'_> {
             Ok(message) => message,
             Err(err) => return Next::Close(rejected(&err)),
         };
+        // A report ends where another kind of frame begins: store it first, so what follows
+        // (a command's result after its `inventory.refresh`) is handled after it, as sent.
+        if !matches!(message, DaemonMessage::Inventory { .. })
+            && let next @ (Next::Close(_) | Next::DaemonLeft) = self.store_report().await
+        {
+            return next;
+        }
         match message {
             DaemonMessage::Hello { .. } => Next::violation("hello was already sent"),
             DaemonMessage::Heartbeat { seq } => self.on_heartbeat(seq).await,
@@ -468,17 +504,50 @@ impl Live<'_> {
                 "inventory section `{section}` does not match its hash"
             ));
         }
+        if let Some(awaited) = &mut self.desk.awaited {
+            awaited.remove(&section);
+        }
+        self.desk.report.retain(|r| r.section != section);
+        self.desk.report.push(ReportedSection {
+            section,
+            hash,
+            content,
+        });
+        // The sections `welcome` asked for are one report: stored once all have come.
+        // Sections of a refresh are stored at its result (see `on_frame`) or when the window
+        // closes.
+        if self.desk.awaited.as_ref().is_some_and(HashSet::is_empty) {
+            self.desk.awaited = None;
+            return self.store_report().await;
+        }
+        self.desk
+            .report_due
+            .get_or_insert_with(|| tokio::time::Instant::now() + INVENTORY_REPORT_WINDOW);
+        Next::Continue
+    }
+
+    /// Stores the report gathered so far (nothing if there is none), in one transaction.
+    async fn store_report(&mut self) -> Next {
+        self.desk.report_due = None;
+        let report = std::mem::take(&mut self.desk.report);
+        if report.is_empty() {
+            return Next::Continue;
+        }
         match self
             .state
             .services
-            .store_inventory_section(self.node_id, &section, &hash, content)
+            .store_inventory_sections(self.node_id, report)
             .await
         {
             Ok(()) => Next::Continue,
             // The content is the daemon's fault (a malformed `gpus` section): a violation.
             Err(ApiError::BadUserInput(message)) => Next::violation(message),
             Err(err) => {
-                tracing::warn!(node_id = %self.node_id, code = err.code(), "storing inventory failed");
+                let source = match &err {
+                    ApiError::Internal(source) => format!("{source:#}"),
+                    other => other.message(),
+                };
+                tracing::warn!(node_id = %self.node_id, code = err.code(), error = %source, "storing inventory failed");
                 Next::Close(Ending::internal())
             }
         }

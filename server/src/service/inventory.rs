@@ -15,24 +15,42 @@ use super::store::{WriteTxn, catalog, inventory, nodes};
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
 
+/// One inventory section as a daemon reported it (its hash already checked).
+#[derive(Debug, Clone)]
+pub struct ReportedSection {
+    pub section: String,
+    pub hash: String,
+    pub content: serde_json::Value,
+}
+
 impl Services {
-    /// Stores one inventory section a daemon sent and, in the same transaction, runs the
-    /// Inventory controller over the node's reports ([`Services::inventory_controller_in`]).
-    pub async fn store_inventory_section(
+    /// Stores the inventory sections a daemon sent together (the sections `welcome` asked
+    /// for, or those of one `inventory.refresh`) and, in the same transaction, runs the
+    /// Inventory controller once over the node's reports
+    /// ([`Services::inventory_controller_in`]). One transaction for a whole report, not one
+    /// per section: a first connect sends seven sections, and at 10,000 nodes coming up
+    /// those transactions, each rereading every section, the node and its pool, were the
+    /// bulk of the writer's work. A malformed section refuses the whole report.
+    pub async fn store_inventory_sections(
         &self,
         node_id: &NodeId,
-        section: &str,
-        hash: &str,
-        content: serde_json::Value,
+        report: Vec<ReportedSection>,
     ) -> ApiResult<()> {
+        if report.is_empty() {
+            return Ok(());
+        }
         let txn = self.store.write().await?;
         let now = self.clock.now();
         // The node row before its inventory rows (ARCHITECTURE.md, Invariants: lock order),
         // since the controller changes the node below.
         nodes::lock(&*txn, node_id).await?;
-        inventory::put_section(&*txn, node_id, section, hash, content, now).await?;
-        let cause = format!("inventory:{section}");
-        self.inventory_controller_in(&txn, node_id, &cause, section == "gpus")
+        let gpus_reported = report.iter().any(|r| r.section == "gpus");
+        let names: Vec<&str> = report.iter().map(|r| r.section.as_str()).collect();
+        let cause = format!("inventory:{}", names.join(","));
+        for r in report {
+            inventory::put_section(&*txn, node_id, &r.section, &r.hash, r.content, now).await?;
+        }
+        self.inventory_controller_in(&txn, node_id, &cause, gpus_reported)
             .await?;
         txn.commit().await?;
         Ok(())

@@ -1,20 +1,20 @@
 //! What the NodeLifecycle, NodeSpec and drain-deadline controllers read: bounded, indexed
 //! work lists, so a settled fleet costs one cheap query per controller per tick.
 
+use bc_core::Actor;
 use bc_core::acceptance::AcceptancePolicy;
-use bc_core::axes::{Connectivity, ProvisionState};
+use bc_core::axes::ProvisionState;
 use bc_core::catalog::{HardwareProfile, Pool};
-use bc_core::command::CommandStatus;
+use bc_core::command::{Command, CommandKind, CommandStatus};
 use bc_core::event::EventType;
 use bc_core::ids::{CommandId, NodeId, PoolId};
 use bc_core::node::NodeRecord;
 
 use super::Services;
 use super::store::drains;
-use super::store::node_filter::NodeFilter;
-use super::store::{catalog, events, inventory, nodes};
+use super::store::{catalog, commands, events, nodes};
 use crate::error::ApiResult;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 pub use super::store::drains::ExpiredDrain;
 
@@ -27,22 +27,25 @@ pub struct AcceptanceCandidate {
 }
 
 impl Services {
-    /// `adopting`, connected nodes that reported their `gpus` section (with no GPUs, too):
-    /// the ones acceptance looks at, at most `limit`, each with its pool's acceptance policy
-    /// and hardware profile (the defaults for a node in no pool).
-    pub async fn acceptance_candidates(&self, limit: u64) -> ApiResult<Vec<AcceptanceCandidate>> {
-        let filter = NodeFilter {
-            provision_states: vec![ProvisionState::Adopting],
-            connectivity: vec![Connectivity::Connected],
-            ..NodeFilter::default()
-        };
+    /// `adopting`, connected nodes that reported their `gpus` section (with no GPUs, too)
+    /// and are not waiting on an acceptance diagnostic from `acceptor`: the ones acceptance
+    /// can act on now, at most `limit`, each with its pool's acceptance policy and hardware
+    /// profile (the defaults for a node in no pool).
+    ///
+    /// *Decision:* a node whose diagnostic runs is not looked at until it ends. The pass used
+    /// to load every candidate on every tick to find that it still waits; the only earlier
+    /// verdict that skips is a hardware mismatch that appears while the diagnostic runs,
+    /// which now fails the node when the diagnostic ends rather than at once.
+    pub async fn acceptance_candidates(
+        &self,
+        acceptor: &Actor,
+        limit: u64,
+    ) -> ApiResult<Vec<AcceptanceCandidate>> {
         let read = self.store.read().await?;
-        let candidates = nodes::list(&read, &filter, None, limit).await?;
-        let ids: Vec<NodeId> = candidates.iter().map(|n| n.id.clone()).collect();
-        let reported = inventory::nodes_with_section(&read, &ids, "gpus").await?;
+        let candidates = nodes::acceptance_candidates(&read, acceptor, limit).await?;
         let mut pools: BTreeMap<PoolId, Option<Pool>> = BTreeMap::new();
         let mut out = Vec::new();
-        for node in candidates.into_iter().filter(|n| reported.contains(&n.id)) {
+        for node in candidates {
             let pool = match &node.pool_id {
                 Some(id) => match pools.get(id) {
                     Some(pool) => pool.clone(),
@@ -64,6 +67,16 @@ impl Services {
             });
         }
         Ok(out)
+    }
+
+    /// The newest `kind` command `actor` created for each of `nodes`, in one query.
+    pub async fn newest_commands_by(
+        &self,
+        nodes: &[NodeId],
+        kind: CommandKind,
+        actor: &Actor,
+    ) -> ApiResult<HashMap<NodeId, Command>> {
+        Ok(commands::newest_by(self.store.db(), nodes, kind, actor).await?)
     }
 
     /// Whether `check`, a command sent to the node, was queued before the node's last

@@ -10,6 +10,7 @@ use sea_orm::ActiveValue::Set;
 use sea_orm::{
     ColumnTrait, Condition, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
 };
+use std::collections::HashMap;
 
 fn corrupt(column: &str, value: &str) -> anyhow::Error {
     anyhow!("corrupt row: commands.{column} = `{value}`")
@@ -171,6 +172,32 @@ pub async fn list(
         .all(conn)
         .await?;
     rows.into_iter().map(command_from).collect()
+}
+
+/// The newest command of `kind` that `actor` created for each of `nodes` (a node without one
+/// is absent): one query for a controller's whole work list, not one per node.
+pub async fn newest_by(
+    conn: &impl ConnectionTrait,
+    nodes: &[NodeId],
+    kind: CommandKind,
+    actor: &Actor,
+) -> anyhow::Result<HashMap<NodeId, Command>> {
+    let mut newest = HashMap::new();
+    if nodes.is_empty() {
+        return Ok(newest);
+    }
+    let rows = command::Entity::find()
+        .filter(command::Column::NodeId.is_in(nodes.iter().map(ToString::to_string)))
+        .filter(command::Column::Kind.eq(kind.to_string()))
+        .filter(command::Column::CreatedBy.eq(actor.to_string()))
+        .order_by_desc(command::Column::Id)
+        .all(conn)
+        .await?;
+    for row in rows {
+        let command = command_from(row)?;
+        newest.entry(command.node_id.clone()).or_insert(command);
+    }
+    Ok(newest)
 }
 
 /// How many commands `filter` matches.

@@ -7,8 +7,8 @@ use bc_entity::{node_device, node_inventory_section};
 use chrono::{DateTime, Utc};
 use sea_orm::ActiveValue::Set;
 use sea_orm::sea_query::OnConflict;
-use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
-use std::collections::{BTreeMap, BTreeSet};
+use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder};
+use std::collections::BTreeMap;
 
 /// The hash of each inventory section stored for a node.
 pub async fn hashes(
@@ -70,32 +70,6 @@ pub async fn sections(
         .into_iter()
         .map(|row| (row.section, row.content))
         .collect())
-}
-
-/// Which of `nodes` have a stored `section`.
-pub async fn nodes_with_section(
-    conn: &impl ConnectionTrait,
-    nodes: &[NodeId],
-    section: &str,
-) -> anyhow::Result<BTreeSet<NodeId>> {
-    if nodes.is_empty() {
-        return Ok(BTreeSet::new());
-    }
-    node_inventory_section::Entity::find()
-        .select_only()
-        .column(node_inventory_section::Column::NodeId)
-        .filter(node_inventory_section::Column::Section.eq(section))
-        .filter(node_inventory_section::Column::NodeId.is_in(nodes.iter().map(ToString::to_string)))
-        .into_tuple::<String>()
-        .all(conn)
-        .await?
-        .into_iter()
-        .map(|id| {
-            NodeId::parse(&id).map_err(|e| {
-                anyhow::anyhow!("corrupt row: node_inventory_sections.node_id `{id}`: {e}")
-            })
-        })
-        .collect()
 }
 
 /// Replaces a node's devices with `devices`.

@@ -1,11 +1,19 @@
 //! Node rows: load (with children), insert, save, list with filters, capacity.
 
 use anyhow::anyhow;
-use bc_core::axes::ProvisionState;
+use bc_core::Actor;
+use bc_core::axes::{Connectivity, ProvisionState};
+use bc_core::command::{CommandKind, CommandStatus};
 use bc_core::ids::NodeId;
 use bc_core::node::NodeRecord;
-use bc_entity::{node, node_condition, node_label, node_no_schedule_reason, node_taint};
-use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+use bc_entity::{
+    command, node, node_condition, node_inventory_section, node_label, node_no_schedule_reason,
+    node_taint,
+};
+use sea_orm::sea_query::{Expr, ExprTrait, Query};
+use sea_orm::{
+    ColumnTrait, Condition, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
+};
 use std::collections::HashMap;
 
 use super::node_filter::NodeFilter;
@@ -236,7 +244,77 @@ async fn list_with(
     limit: u64,
     lock: bool,
 ) -> anyhow::Result<Vec<NodeRecord>> {
-    let mut select = node::Entity::find().filter(filter.condition());
+    list_where(conn, filter.condition(), after, limit, lock).await
+}
+
+/// Live `adopting`, `connected` nodes that reported their `gpus` section and have no
+/// `diag.nvml` from `acceptor` in flight (queued, dispatched or running), by id, at most
+/// `limit`: the nodes acceptance can act on now. A node waiting on its diagnostic is left
+/// out in SQL (`ix_commands_node_id_status_lane` answers the check), so while thousands of
+/// nodes run theirs the pass loads none of them, and the limit is spent on nodes with
+/// something to decide.
+pub async fn acceptance_candidates(
+    conn: &impl ConnectionTrait,
+    acceptor: &Actor,
+    limit: u64,
+) -> anyhow::Result<Vec<NodeRecord>> {
+    let filter = NodeFilter {
+        provision_states: vec![ProvisionState::Adopting],
+        connectivity: vec![Connectivity::Connected],
+        ..NodeFilter::default()
+    };
+    let node_id = || Expr::col((node::Entity, node::Column::Id));
+    let reported_gpus = Query::select()
+        .expr(Expr::value(1))
+        .from(node_inventory_section::Entity)
+        .and_where(
+            Expr::col((
+                node_inventory_section::Entity,
+                node_inventory_section::Column::NodeId,
+            ))
+            .eq(node_id()),
+        )
+        .and_where(
+            Expr::col((
+                node_inventory_section::Entity,
+                node_inventory_section::Column::Section,
+            ))
+            .eq("gpus"),
+        )
+        .take();
+    let in_flight: Vec<&str> = CommandStatus::ALL
+        .iter()
+        .filter(|s| !s.is_final())
+        .map(|s| s.as_static_str())
+        .collect();
+    let diagnostic_running = Query::select()
+        .expr(Expr::value(1))
+        .from(command::Entity)
+        .and_where(Expr::col((command::Entity, command::Column::NodeId)).eq(node_id()))
+        .and_where(Expr::col((command::Entity, command::Column::Status)).is_in(in_flight))
+        .and_where(
+            Expr::col((command::Entity, command::Column::Kind))
+                .eq(CommandKind::DiagNvml.as_static_str()),
+        )
+        .and_where(
+            Expr::col((command::Entity, command::Column::CreatedBy)).eq(acceptor.to_string()),
+        )
+        .take();
+    let cond = filter
+        .condition()
+        .add(Expr::exists(reported_gpus))
+        .add(Expr::exists(diagnostic_running).not());
+    list_where(conn, cond, None, limit, false).await
+}
+
+async fn list_where(
+    conn: &impl ConnectionTrait,
+    cond: Condition,
+    after: Option<&str>,
+    limit: u64,
+    lock: bool,
+) -> anyhow::Result<Vec<NodeRecord>> {
+    let mut select = node::Entity::find().filter(cond);
     if let Some(after) = after {
         select = select.filter(node::Column::Id.gt(after));
     }
