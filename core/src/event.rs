@@ -209,6 +209,8 @@ axis_enum!(
         SiteLivenessPaused = "site.liveness_paused",
         /// Liveness resumed for a site the brake had paused.
         SiteLivenessResumed = "site.liveness_resumed",
+        /// An admin released a site's brake: its silent nodes are marked down after all.
+        SiteLivenessReleased = "site.liveness_released",
     }
 );
 
@@ -399,6 +401,7 @@ mod tests {
             EventType::JoinTokenRevoked => "join_token.revoked",
             EventType::SiteLivenessPaused => "site.liveness_paused",
             EventType::SiteLivenessResumed => "site.liveness_resumed",
+            EventType::SiteLivenessReleased => "site.liveness_released",
             EventType::ReservationCreated => "reservation.created",
             EventType::ReservationPlaced => "reservation.placed",
             EventType::ReservationEvicted => "reservation.evicted",
@@ -411,7 +414,7 @@ mod tests {
 
     #[test]
     fn event_types_are_pinned_and_round_trip() {
-        assert_eq!(EventType::ALL.len(), 64);
+        assert_eq!(EventType::ALL.len(), 65);
         let mut seen = std::collections::BTreeSet::new();
         for t in EventType::ALL.iter().copied() {
             let spelling = pinned(t);

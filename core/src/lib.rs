@@ -14,6 +14,7 @@ pub mod acceptance;
 pub mod actor;
 pub mod axes;
 pub mod bare_metal;
+pub mod brake;
 pub mod catalog;
 pub mod clear;
 pub mod clock;

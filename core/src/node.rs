@@ -83,6 +83,14 @@ pub struct Session {
     pub last_seen: DateTime<Utc>,
 }
 
+/// The controller that owns label `key`, if one does: `inventory` for keys under
+/// [`crate::health::INVENTORY_LABEL_PREFIX`], which it sets from the node's reports; `None`
+/// for an operator's label. Only the owner sets or removes an owned label.
+pub fn label_owner(key: &str) -> Option<&'static str> {
+    key.starts_with(crate::health::INVENTORY_LABEL_PREFIX)
+        .then_some("inventory")
+}
+
 /// Everything the control plane knows about a node. Modules and node adapters get this;
 /// the API gets [`crate::view::NodeDetail`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -473,11 +481,14 @@ impl NodeRecord {
         set: &BTreeMap<String, String>,
         remove: &[String],
     ) -> Result<Vec<Change>, DomainError> {
-        let prefix = crate::health::INVENTORY_LABEL_PREFIX;
-        if let Some(key) = set.keys().chain(remove).find(|k| k.starts_with(prefix)) {
+        if let Some((key, owner)) = set
+            .keys()
+            .chain(remove)
+            .find_map(|k| label_owner(k).map(|owner| (k, owner)))
+        {
             return Err(DomainError::ReservedLabel {
                 key: key.clone(),
-                owner: "inventory",
+                owner,
             });
         }
         self.write_labels(set, remove)

@@ -11,6 +11,7 @@ pub mod command;
 pub mod controller_lease;
 pub mod event;
 pub mod join_token;
+pub mod liveness_brake;
 pub mod node;
 pub mod node_bmc;
 pub mod node_condition;

@@ -27,6 +27,7 @@ mod m20261203_000009_free_atoms;
 mod m20261203_000010_workflows;
 mod m20261203_000011_pool_acceptance;
 mod m20261203_000012_controller_leases;
+mod m20261203_000020_liveness_brakes;
 
 /// Runs every migration in order; see [`MigratorTrait`] for `up`/`down`/`status`.
 pub struct Migrator;
@@ -48,6 +49,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261203_000010_workflows::Migration),
             Box::new(m20261203_000011_pool_acceptance::Migration),
             Box::new(m20261203_000012_controller_leases::Migration),
+            Box::new(m20261203_000020_liveness_brakes::Migration),
         ]
     }
 }

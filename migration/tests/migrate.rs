@@ -21,7 +21,7 @@ use sea_orm::{
 };
 use serde_json::json;
 
-const TABLES: [&str; 18] = [
+const TABLES: [&str; 19] = [
     "tenants",
     "sites",
     "pools",
@@ -40,6 +40,7 @@ const TABLES: [&str; 18] = [
     "node_bmcs",
     "bare_metal_workflows",
     "controller_leases",
+    "liveness_brakes",
 ];
 
 /// A name no other run uses: pid and wall-clock nanos.

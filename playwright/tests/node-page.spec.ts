@@ -94,3 +94,23 @@ test('resizing the window after leaving the fleet page does not panic', async ({
   await page.setViewportSize({ width: 1000, height: 600 });
   await expect(row(page, first.id)).toBeVisible();
 });
+
+test('labels the inventory sets have no remove button; an operator label has one', async ({ page }) => {
+  const [first] = await nodes(fleet);
+  await mutate(fleet, 'mutation($id: ID!, $v: Int!) { labelNode(input: {id: $id, version: $v, set: [{key: "team", value: "ml"}]}) { node { version } } }', {
+    id: first.id,
+    v: first.version,
+  });
+  await signIn(page, fleet);
+  await row(page, first.id).getByRole('link').click();
+  await expect(page.getByTestId('node-hostname')).toHaveText(first.hostname);
+
+  const mine = page.locator('[data-testid="label"][data-key="team"]');
+  await expect(mine).toHaveText(/team=ml/);
+  await expect(mine.locator('button.chip-x')).toHaveCount(1);
+
+  const owned = page.locator('[data-testid="label"][data-owner="inventory"]');
+  await expect(owned.first()).toBeVisible();
+  await expect(owned.first()).toHaveAttribute('title', /set by inventory/);
+  await expect(owned.locator('button.chip-x')).toHaveCount(0);
+});

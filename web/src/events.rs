@@ -14,7 +14,7 @@ use crate::live::{LiveState, follow};
 const PAGE: i64 = 50;
 
 /// Every `EventType`, in the schema's order (a test checks each is one the schema knows).
-pub const EVENT_TYPES: [&str; 64] = [
+pub const EVENT_TYPES: [&str; 65] = [
     "NODE_JOINED",
     "NODE_REJOINED",
     "NODE_ENROLLED",
@@ -79,6 +79,7 @@ pub const EVENT_TYPES: [&str; 64] = [
     "ALLOCATION_RELEASED",
     "SITE_LIVENESS_PAUSED",
     "SITE_LIVENESS_RESUMED",
+    "SITE_LIVENESS_RELEASED",
 ];
 
 type LogEvent = event_log::LogEvent;

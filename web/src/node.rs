@@ -895,10 +895,15 @@ fn LabelsAndTaints(
             <div class="chips">
                 {node.labels.iter().map(|l| {
                     let key = l.key.clone();
+                    // A label a controller owns (inventory's) changes only with the node's
+                    // reports: no remove button, and the chip says who sets it.
+                    let removable = can_change && l.owner.is_none();
+                    let title = l.owner.as_ref().map(|o| format!("set by {o} from the node's reports"));
                     view! {
-                        <span class="chip" data-testid="label" data-key=l.key.clone()>
+                        <span class="chip" data-testid="label" data-key=l.key.clone()
+                            data-owner=l.owner.clone() title=title>
                             {format!("{}={}", l.key, l.value)}
-                            {can_change.then(|| view! {
+                            {removable.then(|| view! {
                                 <button class="chip-x" title="Remove label" on:click=move |_| on_open.run((
                                     ActionKind::Label,
                                     ActionInput { remove_labels: key.clone(), ..ActionInput::default() },

@@ -34,7 +34,8 @@
 //! *recent* the site's nodes that became `unreachable` within `brake_window` (read from
 //! `connectivity` and `connectivity_since`), and *watched* the nodes Liveness watches in the
 //! site (every role, site agents included: they heartbeat like any node). The brake trips
-//! when `watched >= brake_min_nodes` and `silent + recent > brake_share × watched`. A
+//! when `watched >= brake_min_nodes` and `silent + recent > brake_share × watched`
+//! ([`BrakeRule`]). A
 //! tripped site is *paused*: no `unreachable` or `lost` transitions at all for it this tick
 //! (recoveries still happen). On entering the paused state the controller records one
 //! `site.liveness_paused` event (no node; data: site, counts, threshold), and one
@@ -44,9 +45,14 @@
 //! the operator's signal to look, and cordoning the affected nodes is the manual way to
 //! keep work off them meanwhile.
 //!
-//! The set of paused sites lives in the controller, in memory ([`paused_sites`]); a
-//! restarted controller starts with none and, if a site still trips, records a fresh
-//! `site.liveness_paused`.
+//! A brake is stored (`liveness_brakes`, see `bc_core::brake` for its episodes), so the
+//! leader after a failover, or a restarted server, holds the same sites and records no second
+//! `site.liveness_paused`. An admin lists brakes (`livenessBrakes`) and may release one
+//! (`releaseLivenessBrake`, with a reason, recorded as `site.liveness_released`): the site's
+//! silent nodes are then marked down after all, and the same episode does not trip the brake
+//! again. The episode ends, and its row is forgotten, on the first tick where the site no
+//! longer crosses the rule; a released brake ends quietly, since its release already resumed
+//! liveness.
 //!
 //! # Startup hold
 //!
@@ -67,6 +73,7 @@
 
 use bc_core::Actor;
 use bc_core::axes::Connectivity;
+use bc_core::brake::{self, BrakeNumbers, BrakeRule, BrakeStatus, BrakeStep, LivenessBrake};
 use bc_core::event::EventType;
 use bc_core::ids::SiteId;
 use chrono::{DateTime, Utc};
@@ -89,6 +96,8 @@ pub const CAUSE_HEARD_AGAIN: &str = "liveness:heartbeat-resumed";
 pub const EVENT_PAUSED: EventType = EventType::SiteLivenessPaused;
 /// Event recorded when a paused site's brake releases.
 pub const EVENT_RESUMED: EventType = EventType::SiteLivenessResumed;
+/// Event recorded when an admin releases a site's brake.
+pub const EVENT_RELEASED: EventType = EventType::SiteLivenessReleased;
 
 /// What one tick did.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -144,14 +153,6 @@ impl LivenessReport {
     }
 }
 
-/// Why a site is paused: the numbers when its brake tripped.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Brake {
-    silent: u64,
-    recent: u64,
-    watched: u64,
-}
-
 /// See the module documentation.
 pub struct LivenessController {
     services: Services,
@@ -159,8 +160,8 @@ pub struct LivenessController {
     actor: Actor,
     /// When this controller started (by the injected clock), for the startup hold.
     started_at: DateTime<Utc>,
-    /// Sites whose brake is on, with the numbers that tripped it.
-    paused: BTreeMap<SiteId, Brake>,
+    /// Sites whose brake holds their transitions, as of the last tick.
+    paused: BTreeSet<SiteId>,
 }
 
 impl LivenessController {
@@ -171,13 +172,20 @@ impl LivenessController {
             config,
             actor: Actor::Controller(ACTOR.to_owned()),
             started_at,
-            paused: BTreeMap::new(),
+            paused: BTreeSet::new(),
         }
     }
 
-    /// The sites whose brake is on, sorted.
+    /// The sites whose brake held their transitions on the last tick, sorted.
     pub fn paused_sites(&self) -> Vec<SiteId> {
-        self.paused.keys().cloned().collect()
+        self.paused.iter().cloned().collect()
+    }
+
+    fn rule(&self) -> BrakeRule {
+        BrakeRule {
+            share: self.config.brake_share,
+            min_nodes: self.config.brake_min_nodes,
+        }
     }
 
     /// One pass; see the module documentation for the rules and their order.
@@ -200,16 +208,32 @@ impl LivenessController {
             .nodes_unreachable_since_before(now - self.config.lost_after())
             .await?;
 
+        // The stored brakes, whoever tripped them (this server before a restart, the leader
+        // before a failover) and whatever an admin did to them since.
+        let stored: BTreeMap<SiteId, LivenessBrake> = self
+            .services
+            .liveness_brakes()
+            .await?
+            .into_iter()
+            .map(|b| (b.site_id.clone(), b))
+            .collect();
+        self.paused = stored
+            .values()
+            .filter(|b| b.holds_transitions())
+            .map(|b| b.site_id.clone())
+            .collect();
+
         if now < self.started_at + self.config.grace() {
             report.held_at_startup = silent.len() + expired.len();
         } else {
-            self.update_brakes(now, &silent, &mut report).await?;
+            self.update_brakes(now, &silent, &stored, &mut report)
+                .await?;
             for (node, to, cause) in silent
                 .iter()
                 .map(|n| (n, Connectivity::Unreachable, CAUSE_TIMEOUT))
                 .chain(expired.iter().map(|n| (n, Connectivity::Lost, CAUSE_LOST)))
             {
-                if self.paused.contains_key(&node.site_id) {
+                if self.paused.contains(&node.site_id) {
                     report.held_by_brake += 1;
                     continue;
                 }
@@ -243,12 +267,14 @@ impl LivenessController {
         .await
     }
 
-    /// Re-evaluates the brake of every site with silent nodes and of every paused site,
-    /// recording an event for each site that enters or leaves the paused state.
+    /// Re-evaluates the brake of every site with silent nodes and of every site with a
+    /// stored brake ([`brake::step`]), storing a brake that trips and forgetting one whose
+    /// episode ended, each with its event.
     async fn update_brakes(
         &mut self,
         now: DateTime<Utc>,
         silent: &[Candidate],
+        stored: &BTreeMap<SiteId, LivenessBrake>,
         report: &mut LivenessReport,
     ) -> anyhow::Result<()> {
         let mut silent_by_site: BTreeMap<&SiteId, u64> = BTreeMap::new();
@@ -258,7 +284,7 @@ impl LivenessController {
         let sites: BTreeSet<SiteId> = silent_by_site
             .keys()
             .map(|s| (*s).clone())
-            .chain(self.paused.keys().cloned())
+            .chain(stored.keys().cloned())
             .collect();
         let sites: Vec<SiteId> = sites.into_iter().collect();
         let numbers = self
@@ -269,61 +295,68 @@ impl LivenessController {
         for site in sites {
             let SiteLiveness {
                 watched,
-                recently_unreachable: recent,
+                recently_unreachable,
             } = numbers.get(&site).copied().unwrap_or_default();
-            let brake = Brake {
+            let n = BrakeNumbers {
                 silent: silent_by_site.get(&site).copied().unwrap_or(0),
-                recent,
+                recently_unreachable,
                 watched,
             };
-            let tripped = self.trips(brake);
-            match (tripped, self.paused.contains_key(&site)) {
-                (true, false) => {
-                    self.record(&site, EVENT_PAUSED, brake, now).await?;
-                    tracing::warn!(site = %site, silent = brake.silent, recent = brake.recent, watched = brake.watched,
-                        "liveness paused for a site: too many of its nodes went silent at once");
-                    self.paused.insert(site.clone(), brake);
-                    report.newly_paused.push(site);
+            match brake::step(self.rule().trips(n), stored.get(&site)) {
+                BrakeStep::Trip => {
+                    let tripped = LivenessBrake::tripped(site.clone(), n, now);
+                    let data = self.data(&site, n);
+                    if self
+                        .services
+                        .trip_liveness_brake(&tripped, &self.actor, data)
+                        .await?
+                    {
+                        tracing::warn!(site = %site, silent = n.silent, recent = n.recently_unreachable, watched = n.watched,
+                            "liveness paused for a site: too many of its nodes went silent at once");
+                        report.newly_paused.push(site.clone());
+                    }
+                    // Stored now, by this pass or a moment earlier by another: held either way.
+                    self.paused.insert(site);
                 }
-                (false, true) => {
-                    self.record(&site, EVENT_RESUMED, brake, now).await?;
-                    tracing::info!(site = %site, "liveness resumed for a site");
+                BrakeStep::Resume => {
+                    let data = self.data(&site, n);
+                    if self
+                        .services
+                        .end_liveness_brake(&site, BrakeStatus::Paused, &self.actor, data, now)
+                        .await?
+                    {
+                        tracing::info!(site = %site, "liveness resumed for a site");
+                        report.resumed.push(site.clone());
+                    }
                     self.paused.remove(&site);
-                    report.resumed.push(site);
                 }
-                _ => {}
+                BrakeStep::Forget => {
+                    let data = self.data(&site, n);
+                    if self
+                        .services
+                        .end_liveness_brake(&site, BrakeStatus::Released, &self.actor, data, now)
+                        .await?
+                    {
+                        tracing::info!(site = %site, "a released brake's episode ended");
+                    }
+                }
+                BrakeStep::Stay => {}
             }
         }
         Ok(())
     }
 
-    /// Whether these numbers trip the brake.
-    fn trips(&self, brake: Brake) -> bool {
-        brake.watched >= self.config.brake_min_nodes
-            && (brake.silent + brake.recent) as f64 > self.config.brake_share * brake.watched as f64
-    }
-
-    /// Writes one `site.liveness_paused`/`resumed` event, visible to the site's tenant.
-    async fn record(
-        &self,
-        site: &SiteId,
-        event_type: EventType,
-        brake: Brake,
-        now: DateTime<Utc>,
-    ) -> anyhow::Result<()> {
-        let data = serde_json::json!({
+    /// The data of a `site.liveness_paused`/`resumed` event: the numbers and the rule.
+    fn data(&self, site: &SiteId, n: BrakeNumbers) -> serde_json::Value {
+        serde_json::json!({
             "siteId": site,
-            "silent": brake.silent,
-            "recentlyUnreachable": brake.recent,
-            "watched": brake.watched,
+            "silent": n.silent,
+            "recentlyUnreachable": n.recently_unreachable,
+            "watched": n.watched,
             "share": self.config.brake_share,
-            "threshold": self.config.brake_share * brake.watched as f64,
+            "threshold": self.rule().threshold(n.watched),
             "minNodes": self.config.brake_min_nodes,
             "windowSecs": self.config.brake_window_secs,
-        });
-        self.services
-            .record_site_liveness_event(site, event_type, &self.actor, data, now)
-            .await?;
-        Ok(())
+        })
     }
 }

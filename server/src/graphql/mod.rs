@@ -4,6 +4,7 @@
 //! [`crate::error::ApiError`]s with stable `extensions.code`s.
 
 pub mod bare_metal;
+pub mod brakes;
 pub mod input_limits;
 pub mod inputs;
 pub mod limits;
@@ -24,24 +25,26 @@ use crate::service::Services;
 
 pub type AppSchema = Schema<QueryRoot, MutationRoot, SubscriptionRoot>;
 
-/// The query root: nodes, catalog and commands ([`query`]), placement ([`placement`]) and
-/// bare metal ([`bare_metal`]).
+/// The query root: nodes, catalog and commands ([`query`]), placement ([`placement`]), bare
+/// metal ([`bare_metal`]) and the fleet brake ([`brakes`]).
 #[derive(async_graphql::MergedObject)]
 #[graphql(name = "Query")]
 pub struct QueryRoot(
     query::QueryRoot,
     placement::PlacementQuery,
     bare_metal::BareMetalQuery,
+    brakes::BrakeQuery,
 );
 
-/// The mutation root: node, catalog and command changes ([`mutation`]), placement's and
-/// bare metal's.
+/// The mutation root: node, catalog and command changes ([`mutation`]), placement's, bare
+/// metal's and the fleet brake's.
 #[derive(async_graphql::MergedObject)]
 #[graphql(name = "Mutation")]
 pub struct MutationRoot(
     mutation::MutationRoot,
     placement::PlacementMutation,
     bare_metal::BareMetalMutation,
+    brakes::BrakeMutation,
 );
 
 /// The subscription root: the event log, nodes and commands ([`subscription`]) and
@@ -70,11 +73,13 @@ fn schema_builder(
             query::QueryRoot,
             placement::PlacementQuery,
             bare_metal::BareMetalQuery,
+            brakes::BrakeQuery,
         ),
         MutationRoot(
             mutation::MutationRoot,
             placement::PlacementMutation,
             bare_metal::BareMetalMutation,
+            brakes::BrakeMutation,
         ),
         SubscriptionRoot(
             subscription::SubscriptionRoot,

@@ -251,6 +251,9 @@ pub enum EventType {
     SiteLivenessPaused,
     /// `site.liveness_resumed`: liveness resumed for a site the brake had paused.
     SiteLivenessResumed,
+    /// `site.liveness_released`: an admin released a site's brake: its silent nodes are
+    /// marked down after all.
+    SiteLivenessReleased,
 }
 
 /// The value of a typed condition.
@@ -512,15 +515,7 @@ impl NodeDetail {
     }
     /// Key-value labels operators and inventory put on the node, to select nodes by.
     async fn labels(&self) -> Vec<Label> {
-        self.0
-            .record
-            .labels
-            .iter()
-            .map(|(k, v)| Label {
-                key: k.clone(),
-                value: v.clone(),
-            })
-            .collect()
+        self.0.record.labels.iter().map(Label::of).collect()
     }
     /// Operator taints; each `NO_SCHEDULE` one keeps new work off the node.
     async fn taints(&self) -> Vec<Taint> {
@@ -798,6 +793,21 @@ pub struct Label {
     pub key: String,
     /// The value; may be empty.
     pub value: String,
+    /// The controller that sets this label, if one does: `inventory` for labels under
+    /// `inventory.bettercompute.io/`, which only the node's reports change (`labelNode`
+    /// refuses them with `RESERVED_LABEL`); `null` for an operator's label.
+    pub owner: Option<String>,
+}
+
+impl Label {
+    /// A label of a node or a pool, with its owner.
+    fn of((key, value): (&String, &String)) -> Label {
+        Label {
+            key: key.clone(),
+            value: value.clone(),
+            owner: bc_core::node::label_owner(key).map(str::to_owned),
+        }
+    }
 }
 
 /// An operator taint on a node, as in Kubernetes.
@@ -1207,13 +1217,7 @@ impl Pool {
     }
     /// Driver bindings (`power`, `boot`, `deploy`, …) the pool's nodes inherit.
     async fn drivers(&self) -> Vec<Label> {
-        self.drivers
-            .iter()
-            .map(|(k, v)| Label {
-                key: k.clone(),
-                value: v.clone(),
-            })
-            .collect()
+        self.drivers.iter().map(Label::of).collect()
     }
 }
 

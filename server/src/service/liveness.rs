@@ -1,16 +1,19 @@
 //! What the Liveness controller reads and records: one indexed query per kind of candidate
 //! (see `store/liveness.rs` for which nodes are watched), the site numbers behind the fleet
-//! brake, and the brake's own events. The controller decides; this only reads and writes.
+//! brake, and the brake's episodes (`bc_core::brake`) with their events; and an admin's
+//! release of a brake. The controller decides; this only reads and writes.
 
 use bc_core::Actor;
+use bc_core::brake::{BrakeStatus, LivenessBrake};
 use bc_core::event::EventType;
-use bc_core::ids::SiteId;
+use bc_core::ids::{SiteId, TenantId};
 use chrono::{DateTime, Utc};
 use std::collections::HashMap;
 
 use super::Services;
-use super::store::{catalog, events, liveness};
-use crate::error::ApiResult;
+use super::store::{WriteTxn, brakes, catalog, events, liveness};
+use crate::auth::{Principal, Role};
+use crate::error::{ApiError, ApiResult};
 
 pub use super::store::liveness::{Candidate, SiteLiveness};
 
@@ -43,29 +46,137 @@ impl Services {
         Ok(liveness::site_liveness(self.store.db(), sites, window_start).await?)
     }
 
-    /// Records a fleet-brake event of `site` (paused or resumed), visible to the site's
-    /// tenant.
-    pub async fn record_site_liveness_event(
+    /// Every stored brake (`bc_core::brake`), for the Liveness controller.
+    pub async fn liveness_brakes(&self) -> ApiResult<Vec<LivenessBrake>> {
+        Ok(brakes::all(self.store.db()).await?)
+    }
+
+    /// `livenessBrakes`: the brakes of the sites the principal may see.
+    pub async fn visible_liveness_brakes(
         &self,
-        site: &SiteId,
-        event_type: EventType,
+        principal: &Principal,
+    ) -> ApiResult<Vec<LivenessBrake>> {
+        let read = self.store.read().await?;
+        let mut visible = Vec::new();
+        for brake in brakes::all(&read).await? {
+            let owner = catalog::site(&read, &brake.site_id)
+                .await?
+                .and_then(|s| s.owner_tenant_id);
+            if principal.can_see(owner.as_ref()) {
+                visible.push(brake);
+            }
+        }
+        Ok(visible)
+    }
+
+    /// Stores a brake that tripped and its `site.liveness_paused` event (`data`), in one
+    /// transaction. Returns false, recording nothing, when the site has a brake already.
+    pub async fn trip_liveness_brake(
+        &self,
+        brake: &LivenessBrake,
         actor: &Actor,
         data: serde_json::Value,
-        now: DateTime<Utc>,
-    ) -> ApiResult<()> {
+    ) -> ApiResult<bool> {
         let txn = self.store.write().await?;
-        let owner = catalog::site(&*txn, site)
-            .await?
-            .and_then(|s| s.owner_tenant_id);
+        if !brakes::insert(&*txn, brake).await? {
+            return Ok(false);
+        }
+        let owner = site_owner(&txn, &brake.site_id).await?;
         events::append_other(
             &txn,
-            event_type,
+            EventType::SiteLivenessPaused,
             owner.as_ref().map(|t| t.as_str()),
             actor,
             data,
+            brake.tripped_at,
+        );
+        txn.commit().await?;
+        Ok(true)
+    }
+
+    /// Forgets the brake of `site` whose episode ended, if it is still in `status`; a paused
+    /// one records `site.liveness_resumed` (`data`) in the same transaction (a released one
+    /// resumed liveness when it was released). Returns whether it was forgotten.
+    pub async fn end_liveness_brake(
+        &self,
+        site: &SiteId,
+        status: BrakeStatus,
+        actor: &Actor,
+        data: serde_json::Value,
+        now: DateTime<Utc>,
+    ) -> ApiResult<bool> {
+        let txn = self.store.write().await?;
+        if !brakes::delete(&*txn, site, status).await? {
+            return Ok(false);
+        }
+        if status == BrakeStatus::Paused {
+            let owner = site_owner(&txn, site).await?;
+            events::append_other(
+                &txn,
+                EventType::SiteLivenessResumed,
+                owner.as_ref().map(|t| t.as_str()),
+                actor,
+                data,
+                now,
+            );
+        }
+        txn.commit().await?;
+        Ok(true)
+    }
+
+    /// `releaseLivenessBrake`: an admin who may see the site lets Liveness mark its silent
+    /// nodes down after all, with a reason of their own, recorded as
+    /// `site.liveness_released`. The brake stays stored (released) until the episode ends,
+    /// so the same silence does not trip it again.
+    pub async fn release_liveness_brake(
+        &self,
+        principal: &Principal,
+        site: &SiteId,
+        reason: &str,
+    ) -> ApiResult<LivenessBrake> {
+        principal.require(Role::Admin)?;
+        let txn = self.store.write().await?;
+        let now = self.clock.now();
+        let owner = catalog::site(&*txn, site)
+            .await?
+            .filter(|s| principal.can_see(s.owner_tenant_id.as_ref()))
+            .ok_or_else(|| ApiError::NotFound(format!("site `{site}` does not exist")))?
+            .owner_tenant_id;
+        let mut brake = brakes::of_site(&*txn, site).await?.ok_or_else(|| {
+            ApiError::NotFound(format!(
+                "liveness in site `{site}` is not paused: it has no brake to release"
+            ))
+        })?;
+        let actor = principal.actor();
+        brake.release(actor.to_string(), reason.to_owned(), now)?;
+        if !brakes::save_release(&*txn, &brake).await? {
+            return Err(ApiError::NotFound(format!(
+                "liveness in site `{site}` is not paused: its brake was released or ended meanwhile"
+            )));
+        }
+        events::append_other(
+            &txn,
+            EventType::SiteLivenessReleased,
+            owner.as_ref().map(|t| t.as_str()),
+            &actor,
+            serde_json::json!({
+                "siteId": site,
+                "reason": reason,
+                "trippedAt": brake.tripped_at,
+                "silent": brake.tripped_with.silent,
+                "recentlyUnreachable": brake.tripped_with.recently_unreachable,
+                "watched": brake.tripped_with.watched,
+            }),
             now,
         );
         txn.commit().await?;
-        Ok(())
+        Ok(brake)
     }
+}
+
+/// The tenant that owns `site` (`None`: the platform's), whose principals see its events.
+async fn site_owner(txn: &WriteTxn, site: &SiteId) -> ApiResult<Option<TenantId>> {
+    Ok(catalog::site(&**txn, site)
+        .await?
+        .and_then(|s| s.owner_tenant_id))
 }

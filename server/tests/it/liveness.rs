@@ -9,9 +9,10 @@ use bc_core::node::{NewNode, NodeRecord};
 use bc_core::reason::ReasonKey;
 use bc_entity::{event, node_session};
 use bc_testing::{TestServer, each_backend};
+use better_compute::auth::Role as ApiRole;
 use better_compute::config::LivenessConfig;
 use better_compute::controllers::liveness::{
-    CAUSE_HEARD_AGAIN, CAUSE_LOST, CAUSE_TIMEOUT, EVENT_PAUSED, EVENT_RESUMED,
+    CAUSE_HEARD_AGAIN, CAUSE_LOST, CAUSE_TIMEOUT, EVENT_PAUSED, EVENT_RELEASED, EVENT_RESUMED,
 };
 use better_compute::controllers::{
     DrainController, DrainReport, LivenessController, LivenessReport,
@@ -20,6 +21,7 @@ use chrono::{DateTime, Duration, Utc};
 use sea_orm::ActiveValue::Set;
 use sea_orm::sea_query::Expr;
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder};
+use serde_json::json;
 use std::collections::BTreeMap;
 
 const GRACE: Duration = Duration::seconds(40);
@@ -473,6 +475,130 @@ async fn a_site_going_silent_at_once_pauses_liveness() {
         assert!(tick(&mut liveness).await.is_quiet());
         assert_eq!(site_events(s, EVENT_PAUSED).await.len(), 1);
         assert_eq!(site_events(s, EVENT_RESUMED).await.len(), 1);
+    })
+    .await;
+}
+
+const BRAKES: &str = "{ livenessBrakes { siteId status silent recentlyUnreachable watched
+    trippedAt releasedBy releaseReason releasedAt } }";
+const RELEASE: &str = "mutation($site: ID!, $reason: String!) {
+    releaseLivenessBrake(input: {siteId: $site, reason: $reason}) {
+        brake { siteId status releasedBy releaseReason } } }";
+
+#[tokio::test]
+async fn a_brake_outlives_its_controller_is_listed_and_an_admin_can_release_it() {
+    each_backend(async |s| {
+        let mut liveness = liveness(s).await;
+        let big = site(s).await;
+        let quiet = site(s).await;
+        let ids = connected_nodes(s, &big, 20).await;
+        let (silent, healthy) = ids.split_at(10);
+        connected_nodes(s, &quiet, 1).await;
+
+        s.clock.advance(GRACE + Duration::seconds(1));
+        heartbeat(s, healthy).await;
+        assert_eq!(
+            tick(&mut liveness).await.newly_paused,
+            std::slice::from_ref(&big.0)
+        );
+
+        // Another controller takes over (a failover, a restart): it holds the same site
+        // without tripping the brake again.
+        let mut successor = LivenessController::new(s.server.services.clone(), config());
+        s.clock.advance(GRACE + Duration::seconds(1));
+        heartbeat(s, healthy).await;
+        let report = tick(&mut successor).await;
+        assert!(report.newly_paused.is_empty(), "{report:?}");
+        assert_eq!(
+            (report.held_by_brake, report.unreachable),
+            (10, 0),
+            "{report:?}"
+        );
+        assert_eq!(successor.paused_sites(), std::slice::from_ref(&big.0));
+        assert_eq!(site_events(s, EVENT_PAUSED).await.len(), 1);
+
+        let listed = s.admin(BRAKES, json!({})).await["livenessBrakes"].clone();
+        assert_eq!(listed.as_array().map(Vec::len), Some(1), "{listed:#}");
+        let brake = &listed[0];
+        assert_eq!(
+            (
+                brake["siteId"].as_str(),
+                brake["status"].as_str(),
+                brake["silent"].as_u64(),
+                brake["watched"].as_u64()
+            ),
+            (Some(big.0.as_str()), Some("PAUSED"), Some(10), Some(20))
+        );
+        assert!(brake["releasedBy"].is_null() && brake["releasedAt"].is_null());
+
+        // Refusals change nothing: an operator, a blank reason, a site without a brake.
+        let release = |token: String, site: &SiteId, reason: &str| {
+            let vars = json!({"site": site.as_str(), "reason": reason});
+            async move { s.gql(Some(&token), RELEASE, vars).await }
+        };
+        let admin = s.token(ApiRole::Admin);
+        let refused = [
+            (s.token(ApiRole::Operator), &big.0, "looked", "FORBIDDEN"),
+            (admin.clone(), &big.0, " ", "BAD_USER_INPUT"),
+            (admin.clone(), &quiet.0, "looked", "NOT_FOUND"),
+        ];
+        for (token, site, reason, code) in refused {
+            let answer = release(token, site, reason).await;
+            assert_eq!(answer.code(), Some(code), "{:#}", answer.body);
+        }
+        assert_eq!(
+            s.admin(BRAKES, json!({})).await["livenessBrakes"][0]["status"],
+            "PAUSED"
+        );
+
+        let released = release(admin.clone(), &big.0, "rack 4 lost power").await;
+        let brake = &released.data()["releaseLivenessBrake"]["brake"];
+        assert_eq!(brake["status"], "RELEASED");
+        assert_eq!(brake["releaseReason"], "rack 4 lost power");
+        assert!(
+            brake["releasedBy"]
+                .as_str()
+                .is_some_and(|by| by.starts_with("user:"))
+        );
+        let again = release(admin.clone(), &big.0, "twice").await;
+        assert_eq!(again.code(), Some("BAD_USER_INPUT"), "{:#}", again.body);
+        let events = site_events(s, EVENT_RELEASED).await;
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].data["reason"], "rack 4 lost power");
+        assert!(events[0].actor.starts_with("user:"));
+
+        // Released: the silent nodes go unreachable although the site still crosses the
+        // rule, and the same silence does not trip the brake again.
+        heartbeat(s, healthy).await;
+        let report = tick(&mut successor).await;
+        assert_eq!(
+            (report.unreachable, report.held_by_brake),
+            (10, 0),
+            "{report:?}"
+        );
+        assert!(report.newly_paused.is_empty() && report.paused_sites.is_empty());
+        assert_eq!(
+            connectivity(s, silent).await,
+            [Connectivity::Unreachable; 10]
+        );
+        assert_eq!(
+            s.admin(BRAKES, json!({})).await["livenessBrakes"][0]["status"],
+            "RELEASED",
+            "listed until the episode ends"
+        );
+
+        // Out of the window the site no longer crosses the rule: the episode ends quietly
+        // (the release already resumed liveness), and the list is empty.
+        s.clock.advance(Duration::seconds(61));
+        heartbeat(s, healthy).await;
+        let report = tick(&mut successor).await;
+        assert!(report.resumed.is_empty(), "{report:?}");
+        assert_eq!(
+            s.admin(BRAKES, json!({})).await["livenessBrakes"],
+            json!([])
+        );
+        assert_eq!(site_events(s, EVENT_PAUSED).await.len(), 1);
+        assert!(site_events(s, EVENT_RESUMED).await.is_empty());
     })
     .await;
 }
