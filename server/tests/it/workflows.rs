@@ -651,6 +651,59 @@ async fn rescue_boots_the_rescue_ramdisk_and_leaves_the_node_in_rescue() {
     .await;
 }
 
+/// Item 7: a pool whose `drivers.deploy` names an image the server's `bare_metal.images`
+/// does not list: the deploy fails at once with that as its reason, and nothing was asked
+/// of the BMC (no virtual media, no boot override, the machine still off).
+#[tokio::test]
+async fn a_deploy_image_the_server_does_not_know_fails_the_deploy_naming_it() {
+    each_backend(async |s| {
+        let emulator = start_emulator(1).await;
+        let place = imaged_pool(s).await;
+        let mut machine = Machine::new(1);
+        let id = to_ready(s, &emulator, &place, &mut machine).await;
+        let (boot_before, _) = boot_and_cd(&emulator, 1).await;
+        transition(s, &id, "DEPLOY").await.data();
+        let failed = run_workflow(s, &id, &emulator, &place, Some(&mut machine), "DEPLOY").await;
+        assert_eq!(status(&failed), "FAILED", "{failed:#}");
+        assert_eq!(
+            step_statuses(&failed),
+            [
+                "BOOT_DEPLOY_IMAGE=FAILED",
+                "POWER_ON=PENDING",
+                "AWAIT_DAEMON=PENDING"
+            ]
+        );
+        let reason = failed["workflow"]["reason"].as_str().unwrap_or_default();
+        assert!(
+            reason.contains(&format!(
+                "names the image `{IMAGE}`, which bare_metal.images does not list"
+            )),
+            "{reason}"
+        );
+        assert_eq!(failed["workflow"]["steps"][0]["attempts"], 1, "not retried");
+        assert_eq!(
+            (
+                failed["node"]["provisionState"].as_str(),
+                failed["node"]["failedFrom"].as_str(),
+                failed["node"]["maintenance"].as_bool()
+            ),
+            (Some("FAILED"), Some("DEPLOYING"), Some(true))
+        );
+        let (boot, cd) = boot_and_cd(&emulator, 1).await;
+        assert_eq!(boot, boot_before, "no boot override was set");
+        assert_eq!(cd["Inserted"], false, "{cd:#}");
+        assert_eq!(
+            emulator
+                .power_state(&SushySystem::numbered(1).uuid)
+                .await
+                .expect("read"),
+            "Off"
+        );
+        machine.stop();
+    })
+    .await;
+}
+
 /// A burn-in whose diagnostic fails fails the commissioning with the command's error:
 /// `failed`, `failedFrom: commissioning`, maintenance on. Once the machine is repaired,
 /// `recover` starts the commissioning over, and it passes.
