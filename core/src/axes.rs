@@ -212,7 +212,8 @@ mod tests {
                 "diag.nvml",
                 "logs.collect",
                 "gpu.reset",
-                "node.reboot"
+                "node.reboot",
+                "disk.wipe"
             ]
         );
         assert_eq!(spellings(Lane::ALL), ["gpu", "inventory", "logs"]);

@@ -12,6 +12,9 @@ use crate::node::NodeRecord;
 
 /// The key of a pool's (and so its nodes') `drivers` that chooses the power driver.
 pub const POWER_DRIVER_KEY: &str = "power";
+/// The key of a pool's `drivers` that names the image the deploy workflow boots (an entry
+/// of the server's `bare_metal.images`); absent, the deploy boots from the network.
+pub const DEPLOY_DRIVER_KEY: &str = "deploy";
 
 /// The condition the Power controller sets while a node's BMC does not answer (or refuses
 /// its credentials, or answers nonsense), and clears when it answers again. It does not keep

@@ -21,6 +21,9 @@ axis_enum!(
         GpuReset = "gpu.reset",
         /// Reboot the machine. Destructive.
         NodeReboot = "node.reboot",
+        /// Erase every local disk (the release and retire workflows run it in the ramdisk).
+        /// Destructive: whatever was installed or stored is gone.
+        DiskWipe = "disk.wipe",
     }
 );
 
@@ -28,8 +31,9 @@ axis_enum!(
     /// Lanes: commands in one lane of a node run one at a time, in order; lanes run side by side.
     ///
     /// - `gpu`: everything that touches the GPUs or the machine as a whole (`diag.nvml`,
-    ///   `gpu.reset`, `node.reboot`). A diagnostic during a reset measures nothing, and a reboot
-    ///   must not cut a diagnostic in half, so they queue behind each other.
+    ///   `gpu.reset`, `node.reboot`, `disk.wipe`). A diagnostic during a reset measures
+    ///   nothing, and a reboot must not cut a diagnostic or a wipe in half, so they queue
+    ///   behind each other.
     /// - `inventory`: `inventory.refresh` only reads; it may run beside a diagnostic.
     /// - `logs`: `logs.collect` is what an operator wants *while* something is stuck in the `gpu`
     ///   lane, so it never waits behind it.
@@ -48,11 +52,20 @@ pub const MAX_QUEUE_TTL: Duration = Duration::days(30);
 pub const MAX_OUTPUT_BYTES: usize = 64 * 1024;
 /// The longest timeout a sender may ask for.
 pub const MAX_TIMEOUT: Duration = Duration::hours(6);
+/// How long a `disk.wipe` may run unless the sender says otherwise. The ramdisk erases
+/// NVMe drives with a sanitize or format (a crypto erase takes seconds, a block erase of a
+/// large drive tens of minutes) and a GPU server holds a handful of them, erased one after
+/// the other: an hour covers that. A machine with spinning disks, which must be overwritten,
+/// needs a longer timeout from its sender.
+pub const DISK_WIPE_TIMEOUT: Duration = Duration::hours(1);
 
 impl CommandKind {
     pub fn lane(self) -> Lane {
         match self {
-            CommandKind::DiagNvml | CommandKind::GpuReset | CommandKind::NodeReboot => Lane::Gpu,
+            CommandKind::DiagNvml
+            | CommandKind::GpuReset
+            | CommandKind::NodeReboot
+            | CommandKind::DiskWipe => Lane::Gpu,
             CommandKind::InventoryRefresh => Lane::Inventory,
             CommandKind::LogsCollect => Lane::Logs,
         }
@@ -68,17 +81,22 @@ impl CommandKind {
             CommandKind::GpuReset => Duration::minutes(2),
             // Until the daemon is back and says so; BIOS POST on big GPU servers is slow.
             CommandKind::NodeReboot => Duration::minutes(20),
+            CommandKind::DiskWipe => DISK_WIPE_TIMEOUT,
         }
     }
 
     /// Destructive commands interrupt work on the node: they need the node cordoned (or an
     /// admin's explicit force), and are never sent by the platform to a tenant-controlled node.
     pub fn destructive(self) -> bool {
-        matches!(self, CommandKind::GpuReset | CommandKind::NodeReboot)
+        matches!(
+            self,
+            CommandKind::GpuReset | CommandKind::NodeReboot | CommandKind::DiskWipe
+        )
     }
 
     /// Whether sending it again after a lost session is safe. A reboot that was dispatched
-    /// may already have happened: it is failed, not redelivered.
+    /// may already have happened: it is failed, not redelivered. A wipe is redelivered:
+    /// erasing erased disks again changes nothing.
     pub fn redeliverable(self) -> bool {
         !matches!(self, CommandKind::NodeReboot)
     }
@@ -103,6 +121,7 @@ impl CommandKind {
             CommandKind::LogsCollect => &["since", "sources"],
             CommandKind::GpuReset => &["gpu"],
             CommandKind::NodeReboot => &["reason"],
+            CommandKind::DiskWipe => &[],
         };
         if let Some(unknown) = object.keys().find(|k| !allowed.contains(&k.as_str())) {
             return Err(DomainError::BadInput(format!(
@@ -151,7 +170,7 @@ impl CommandKind {
                     }
                 }
             }
-            CommandKind::LogsCollect | CommandKind::NodeReboot => {}
+            CommandKind::LogsCollect | CommandKind::NodeReboot | CommandKind::DiskWipe => {}
         }
         Ok(serde_json::Value::Object(out))
     }
@@ -555,10 +574,21 @@ mod tests {
         let destructive: Vec<_> = CommandKind::iter().filter(|k| k.destructive()).collect();
         assert_eq!(
             destructive,
-            vec![CommandKind::GpuReset, CommandKind::NodeReboot]
+            vec![
+                CommandKind::GpuReset,
+                CommandKind::NodeReboot,
+                CommandKind::DiskWipe
+            ]
         );
         assert_eq!(CommandKind::LogsCollect.lane(), Lane::Logs);
         assert!(!CommandKind::NodeReboot.redeliverable());
+        assert_eq!(
+            "disk.wipe".parse::<CommandKind>().ok(),
+            Some(CommandKind::DiskWipe)
+        );
+        assert_eq!(CommandKind::DiskWipe.lane(), Lane::Gpu);
+        assert_eq!(CommandKind::DiskWipe.default_timeout(), DISK_WIPE_TIMEOUT);
+        assert!(CommandKind::DiskWipe.redeliverable());
     }
 
     #[test]
@@ -603,6 +633,12 @@ mod tests {
             CommandKind::InventoryRefresh
                 .validate_params(&serde_json::json!([1]))
                 .is_err()
+        );
+        assert!(
+            CommandKind::DiskWipe
+                .validate_params(&serde_json::json!({"disks": "all"}))
+                .is_err(),
+            "a wipe takes no parameter: it erases every local disk"
         );
     }
 

@@ -59,6 +59,8 @@ pub struct Edge {
 }
 
 /// The states in which a workflow is under way. The seed: every workflow state can fail.
+/// `rescue` is one: booting the rescue ramdisk is a workflow that can fail (and `recover`
+/// starts it over); a node left in `rescue` after it succeeded can be failed by hand too.
 pub const WORKFLOW_STATES: &[ProvisionState] = &[
     Adopting,
     Enrolling,
@@ -66,6 +68,7 @@ pub const WORKFLOW_STATES: &[ProvisionState] = &[
     Commissioning,
     Deploying,
     Releasing,
+    Rescue,
     Retiring,
 ];
 
@@ -254,6 +257,7 @@ mod tests {
         (Commissioning, ProvisionMove::Fail, Failed),
         (Deploying, ProvisionMove::Fail, Failed),
         (Releasing, ProvisionMove::Fail, Failed),
+        (Rescue, ProvisionMove::Fail, Failed),
         (Retiring, ProvisionMove::Fail, Failed),
     ];
 

@@ -5,23 +5,26 @@
 //! [`advance`] is the machine: a pure function from (workflow, input, now) to the next
 //! workflow and the effects the caller must perform. It never does IO. The Workflow controller
 //! in the server feeds it a [`Input::Tick`] on each pass, performs the [`Effect::Execute`] it
-//! asks for (a BMC call, a look at the node), feeds the [`StepResult`] back as
-//! [`Input::Outcome`], and writes the workflow and the node change of an ending
-//! ([`Effect::Succeed`], [`Effect::Fail`]) in one transaction. Because every decision is in
-//! the persisted value, a controller that restarts resumes from the step it was at: a step
-//! that was running is executed again, so each step's execution is written to be safe to
-//! repeat (asking a BMC to power on a machine that is on, looking at a node again).
+//! asks for (a BMC call, a command queued to the node's daemon, a look at the node), feeds
+//! the [`StepResult`] back as [`Input::Outcome`], and writes the workflow and the node change
+//! of an ending ([`Effect::Succeed`], [`Effect::Fail`]) in one transaction. Because every
+//! decision is in the persisted value, a controller that restarts resumes from the step it
+//! was at: a step that was running is executed again, so each step's execution is written to
+//! be safe to repeat (asking a BMC to power on a machine that is on, looking at a node again,
+//! polling the command whose id the step keeps as its handle instead of queueing another).
 //!
 //! Which workflow runs is decided by the provision state alone ([`WorkflowKind::for_state`]):
-//! entering `inspecting`, `releasing` or `retiring` (by the operator's move, or by `recover`
-//! back to one of them) starts that state's workflow, and its success makes the state's
-//! finishing move. A failure or an abort fails the node (`failedFrom`, maintenance on).
+//! entering `inspecting`, `commissioning`, `deploying`, `releasing`, `rescue` or `retiring`
+//! (by the operator's move, by a workflow's finishing move, or by `recover` back to one of
+//! them) starts that state's workflow, and its success makes the state's finishing move, if
+//! it has one. A failure or an abort fails the node (`failedFrom`, maintenance on).
 
 use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::axes::{Connectivity, ProvisionState, axis_enum};
+use crate::command::{CommandKind, DISK_WIPE_TIMEOUT};
 use crate::error::DomainError;
 use crate::event::Change;
 use crate::ids::{NodeId, WorkflowId};
@@ -34,10 +37,22 @@ axis_enum!(
         /// `inspecting`: network-boot the machine once, wait for its ramdisk daemon to join,
         /// and check what it reports against the enrolment. Success makes `commission`.
         Inspect = "inspect",
-        /// `releasing`: power the machine off. Success makes `finish-release` (`ready`).
+        /// `commissioning`: the ramdisk daemon (still running from the inspection) burns the
+        /// GPUs in with `diag.nvml` at the pool's acceptance level, reports the firmware
+        /// facts, and the machine is powered off. Success makes `provide` (`ready`).
+        Commission = "commission",
+        /// `deploying`: boot the deploy image (virtual media where the BMC has it, else the
+        /// network once), power on, and wait for the installed system's daemon to join.
+        /// Success makes `finish-deploy` (`deployed`).
+        Deploy = "deploy",
+        /// `releasing`: boot the ramdisk, wipe the disks, power off. Success makes
+        /// `finish-release` (`ready`).
         Release = "release",
-        /// `retiring`: power the machine off. Success bumps `identityGeneration` and makes
-        /// `finish-retire` (`retired`).
+        /// `rescue`: boot the rescue ramdisk from the network once, power on, and wait for
+        /// its daemon. Success leaves the node in `rescue` (the operator's `unrescue` leaves).
+        Rescue = "rescue",
+        /// `retiring`: boot the ramdisk, wipe the disks, power off. Success bumps
+        /// `identityGeneration` and makes `finish-retire` (`retired`).
         Retire = "retire",
     }
 );
@@ -47,6 +62,10 @@ axis_enum!(
     StepKind {
         /// Sets the BMC's one-time boot override to the network (Redfish `Pxe`).
         BootNetworkOnce = "boot-network-once",
+        /// Boots the deploy image at the next boot: inserted as virtual media with a
+        /// one-time boot from it where the BMC offers virtual media and the image has an
+        /// address, else a one-time network boot. The log says which.
+        BootDeployImage = "boot-deploy-image",
         /// Powers the machine on (restarts it when it is on already, so the one-time boot
         /// applies) and waits until the BMC reports it on.
         PowerOn = "power-on",
@@ -55,6 +74,13 @@ axis_enum!(
         AwaitDaemon = "await-daemon",
         /// Compares the identifiers the daemon's inventory reports with the enrolment's.
         CheckIdentifiers = "check-identifiers",
+        /// Queues `diag.nvml` at the pool's acceptance level and waits for it to pass.
+        BurnIn = "burn-in",
+        /// Queues an `inventory.refresh` of the sections that carry firmware facts (BIOS,
+        /// GPU VBIOS, driver) and records what they report in the step's log.
+        RecordFirmware = "record-firmware",
+        /// Queues `disk.wipe` and waits for it to succeed.
+        WipeDisks = "wipe-disks",
         /// Powers the machine off and waits until the BMC reports it off.
         PowerOff = "power-off",
     }
@@ -99,16 +125,45 @@ pub const CHECK_IDENTIFIERS_TIMEOUT: Duration = Duration::minutes(5);
 /// BMCs fail transiently (a busy management controller answers 503, a reset of its web
 /// server drops a request): three attempts of a BMC step before the workflow fails.
 pub const BMC_STEP_ATTEMPTS: u32 = 3;
+/// How long a command a step queued may wait for its lane and the daemon's session before it
+/// runs: seconds on a healthy machine; ten minutes leaves room for a daemon that reconnects.
+pub const COMMAND_DISPATCH_ALLOWANCE: Duration = Duration::minutes(10);
+/// The burn-in's `diag.nvml` may run this long. DCGM's deepest level (3) takes about half an
+/// hour on an 8-GPU machine; 45 minutes ends a hung diagnostic without cutting a slow one.
+pub const BURN_IN_COMMAND_TIMEOUT: Duration = Duration::minutes(45);
+/// The burn-in step: its diagnostic's timeout and the wait to dispatch it.
+pub const BURN_IN_TIMEOUT: Duration = BURN_IN_COMMAND_TIMEOUT
+    .checked_add(&COMMAND_DISPATCH_ALLOWANCE)
+    .expect("in range");
+/// The firmware facts come from an `inventory.refresh`, which runs within a minute (its
+/// command timeout); five minutes covers its dispatch as well.
+pub const RECORD_FIRMWARE_TIMEOUT: Duration = Duration::minutes(5);
+/// The wipe step: the `disk.wipe`'s timeout and the wait to dispatch it.
+pub const WIPE_DISKS_TIMEOUT: Duration = DISK_WIPE_TIMEOUT
+    .checked_add(&COMMAND_DISPATCH_ALLOWANCE)
+    .expect("in range");
+/// Steps that run a command get two attempts: a command that ran and failed fails the
+/// workflow at once (a failing diagnostic is not retried), but a step that timed out
+/// waiting for a daemon that came back late, or that could not queue its command (the
+/// database was away), queues it once more.
+pub const COMMAND_STEP_ATTEMPTS: u32 = 2;
 /// The most log lines a step keeps: the oldest are dropped first. A step that waits logs only
 /// when what it waits on changes, so this bounds a step that flaps, not one that waits.
 pub const MAX_LOG_LINES: usize = 50;
+
+/// The inventory sections that carry firmware facts: the BIOS (`system`), each GPU's VBIOS
+/// (`gpus`) and the GPU driver (`drivers`).
+pub const FIRMWARE_SECTIONS: &[&str] = &["system", "gpus", "drivers"];
 
 impl WorkflowKind {
     /// The provision state the workflow runs in.
     pub fn state(self) -> ProvisionState {
         match self {
             WorkflowKind::Inspect => ProvisionState::Inspecting,
+            WorkflowKind::Commission => ProvisionState::Commissioning,
+            WorkflowKind::Deploy => ProvisionState::Deploying,
             WorkflowKind::Release => ProvisionState::Releasing,
+            WorkflowKind::Rescue => ProvisionState::Rescue,
             WorkflowKind::Retire => ProvisionState::Retiring,
         }
     }
@@ -122,6 +177,13 @@ impl WorkflowKind {
     }
 
     /// Its steps, in order.
+    ///
+    /// Release and retire always boot the ramdisk before they wipe, even when the deployed
+    /// system's daemon is connected: a system cannot honestly erase the disks it runs from,
+    /// and a deployed system may be a tenant's, whose daemon the platform does not trust with
+    /// its own teardown. The ramdisk joins with a new identity generation, which also ends
+    /// every certificate the deployed system held, as Ironic's cleaning and MAAS's erasure
+    /// boot their own ramdisks.
     pub fn steps(self) -> &'static [StepKind] {
         match self {
             WorkflowKind::Inspect => &[
@@ -130,16 +192,41 @@ impl WorkflowKind {
                 StepKind::AwaitDaemon,
                 StepKind::CheckIdentifiers,
             ],
-            WorkflowKind::Release | WorkflowKind::Retire => &[StepKind::PowerOff],
+            WorkflowKind::Commission => &[
+                StepKind::BurnIn,
+                StepKind::RecordFirmware,
+                StepKind::PowerOff,
+            ],
+            WorkflowKind::Deploy => &[
+                StepKind::BootDeployImage,
+                StepKind::PowerOn,
+                StepKind::AwaitDaemon,
+            ],
+            WorkflowKind::Rescue => &[
+                StepKind::BootNetworkOnce,
+                StepKind::PowerOn,
+                StepKind::AwaitDaemon,
+            ],
+            WorkflowKind::Release | WorkflowKind::Retire => &[
+                StepKind::BootNetworkOnce,
+                StepKind::PowerOn,
+                StepKind::AwaitDaemon,
+                StepKind::WipeDisks,
+                StepKind::PowerOff,
+            ],
         }
     }
 
-    /// The move its success makes.
-    pub fn finishing_move(self) -> ProvisionMove {
+    /// The move its success makes: none for `rescue`, whose success is the machine running
+    /// the rescue ramdisk in the state it already is in.
+    pub fn finishing_move(self) -> Option<ProvisionMove> {
         match self {
-            WorkflowKind::Inspect => ProvisionMove::Commission,
-            WorkflowKind::Release => ProvisionMove::FinishRelease,
-            WorkflowKind::Retire => ProvisionMove::FinishRetire,
+            WorkflowKind::Inspect => Some(ProvisionMove::Commission),
+            WorkflowKind::Commission => Some(ProvisionMove::Provide),
+            WorkflowKind::Deploy => Some(ProvisionMove::FinishDeploy),
+            WorkflowKind::Release => Some(ProvisionMove::FinishRelease),
+            WorkflowKind::Rescue => None,
+            WorkflowKind::Retire => Some(ProvisionMove::FinishRetire),
         }
     }
 }
@@ -148,9 +235,15 @@ impl StepKind {
     /// How long one attempt may take.
     pub fn timeout(self) -> Duration {
         match self {
-            StepKind::BootNetworkOnce | StepKind::PowerOn | StepKind::PowerOff => BMC_STEP_TIMEOUT,
+            StepKind::BootNetworkOnce
+            | StepKind::BootDeployImage
+            | StepKind::PowerOn
+            | StepKind::PowerOff => BMC_STEP_TIMEOUT,
             StepKind::AwaitDaemon => AWAIT_DAEMON_TIMEOUT,
             StepKind::CheckIdentifiers => CHECK_IDENTIFIERS_TIMEOUT,
+            StepKind::BurnIn => BURN_IN_TIMEOUT,
+            StepKind::RecordFirmware => RECORD_FIRMWARE_TIMEOUT,
+            StepKind::WipeDisks => WIPE_DISKS_TIMEOUT,
         }
     }
 
@@ -158,8 +251,24 @@ impl StepKind {
     /// the same identifiers again, would change nothing: those get one.
     pub fn max_attempts(self) -> u32 {
         match self {
-            StepKind::BootNetworkOnce | StepKind::PowerOn | StepKind::PowerOff => BMC_STEP_ATTEMPTS,
+            StepKind::BootNetworkOnce
+            | StepKind::BootDeployImage
+            | StepKind::PowerOn
+            | StepKind::PowerOff => BMC_STEP_ATTEMPTS,
             StepKind::AwaitDaemon | StepKind::CheckIdentifiers => 1,
+            StepKind::BurnIn | StepKind::RecordFirmware | StepKind::WipeDisks => {
+                COMMAND_STEP_ATTEMPTS
+            }
+        }
+    }
+
+    /// The command the step runs on the node's daemon, if it runs one.
+    pub fn command(self) -> Option<CommandKind> {
+        match self {
+            StepKind::BurnIn => Some(CommandKind::DiagNvml),
+            StepKind::RecordFirmware => Some(CommandKind::InventoryRefresh),
+            StepKind::WipeDisks => Some(CommandKind::DiskWipe),
+            _ => None,
         }
     }
 }
@@ -183,8 +292,8 @@ pub struct Step {
     /// When the current attempt times out.
     pub deadline: Option<DateTime<Utc>>,
     /// What the current attempt started and now waits on (a power request the BMC
-    /// accepted): kept so that a controller that restarts polls it instead of starting it
-    /// again.
+    /// accepted, the id of the command it queued): kept so that a controller that restarts
+    /// polls it instead of starting it again, and kept once the step is done.
     pub handle: Option<String>,
     pub log: Vec<LogLine>,
 }
@@ -447,9 +556,10 @@ fn outcome(w: &mut Workflow, result: StepResult, now: DateTime<Utc>, effects: &m
     let step = &mut w.steps[index];
     match result {
         StepResult::Done(message) => {
+            // The handle stays: what the step waited on (the command it ran) is part of its
+            // record.
             step.status = StepStatus::Succeeded;
             step.finished_at = Some(now);
-            step.handle = None;
             step.note(now, message);
             if index + 1 == w.steps.len() {
                 end(w, WorkflowStatus::Succeeded, None, now);
@@ -518,19 +628,67 @@ fn end(w: &mut Workflow, status: WorkflowStatus, reason: Option<String>, now: Da
     w.finished_at = Some(now);
 }
 
-/// The node transition of a workflow's success: its finishing move, and for `retire` a new
-/// identity generation (the machine's certificates never work again).
+/// The node transition of a workflow's success: its finishing move (none for `rescue`), and
+/// for `retire` a new identity generation (the machine's certificates never work again).
 pub fn finish_node(
     kind: WorkflowKind,
     workflow: &WorkflowId,
     node: &mut NodeRecord,
 ) -> Result<Vec<Change>, DomainError> {
+    let Some(finishing) = kind.finishing_move() else {
+        return Ok(Vec::new());
+    };
     let why = format!("workflow {workflow} succeeded");
-    let mut changes = node.apply_move(kind.finishing_move(), Some(why.as_str()))?;
+    let mut changes = node.apply_move(finishing, Some(why.as_str()))?;
     if kind == WorkflowKind::Retire {
         changes.extend(node.bump_identity_generation("retired: its workflow wiped the identity"));
     }
     Ok(changes)
+}
+
+/// The firmware facts an inventory reports, in a sentence for the commission's log: the
+/// BIOS (`system.biosVendor`, `biosVersion`), each distinct GPU VBIOS with how many GPUs
+/// carry it (`gpus.devices[].vbiosVersion`), and the GPU driver (`gpus.driverVersion`, else
+/// `drivers.nvidia`). What a section does not report is said to be unreported.
+pub fn firmware_facts(sections: &BTreeMap<String, serde_json::Value>) -> String {
+    let text =
+        |v: Option<&serde_json::Value>| v.and_then(serde_json::Value::as_str).map(str::to_owned);
+    let system = sections.get("system");
+    let bios = match (
+        text(system.and_then(|s| s.get("biosVendor"))),
+        text(system.and_then(|s| s.get("biosVersion"))),
+    ) {
+        (Some(vendor), Some(version)) => format!("BIOS {version} ({vendor})"),
+        (None, Some(version)) => format!("BIOS {version}"),
+        _ => "BIOS unreported".to_owned(),
+    };
+    let gpus = sections.get("gpus");
+    let mut vbios: BTreeMap<String, usize> = BTreeMap::new();
+    for device in gpus
+        .and_then(|g| g.get("devices"))
+        .and_then(serde_json::Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let version = text(device.get("vbiosVersion")).unwrap_or_else(|| "unreported".to_owned());
+        *vbios.entry(version).or_default() += 1;
+    }
+    let vbios = if vbios.is_empty() {
+        "no GPU VBIOS reported".to_owned()
+    } else {
+        vbios
+            .iter()
+            .map(|(version, count)| format!("GPU VBIOS {version} on {count} GPU(s)"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let driver = text(gpus.and_then(|g| g.get("driverVersion")))
+        .or_else(|| text(sections.get("drivers").and_then(|d| d.get("nvidia"))))
+        .map_or_else(
+            || "GPU driver unreported".to_owned(),
+            |v| format!("GPU driver {v}"),
+        );
+    format!("firmware: {bios}; {vbios}; {driver}")
 }
 
 /// Whether the machine's daemon has joined as `node` since a workflow that started at
@@ -710,13 +868,13 @@ mod tests {
                 let tick = advance(&w, Input::Tick, t0());
                 assert_eq!(
                     tick.execute(),
-                    Some((0, attempt + 1, StepKind::PowerOff, None))
+                    Some((0, attempt + 1, StepKind::BootNetworkOnce, None))
                 );
                 w = tick.workflow;
             } else {
                 assert_eq!(w.status, WorkflowStatus::Failed);
                 assert!(
-                    matches!(ending, Some(Effect::Fail { reason }) if reason.contains("power-off") && reason.contains("did not answer"))
+                    matches!(ending, Some(Effect::Fail { reason }) if reason.contains("boot-network-once") && reason.contains("did not answer"))
                 );
             }
         }
@@ -825,28 +983,225 @@ mod tests {
         assert!(again.effects.is_empty());
     }
 
+    /// Each workflow: its state, its steps, and where its success leaves the node.
+    const KINDS: &[(WorkflowKind, ProvisionState, &[StepKind], ProvisionState)] = &[
+        (
+            WorkflowKind::Inspect,
+            ProvisionState::Inspecting,
+            &[
+                StepKind::BootNetworkOnce,
+                StepKind::PowerOn,
+                StepKind::AwaitDaemon,
+                StepKind::CheckIdentifiers,
+            ],
+            ProvisionState::Commissioning,
+        ),
+        (
+            WorkflowKind::Commission,
+            ProvisionState::Commissioning,
+            &[
+                StepKind::BurnIn,
+                StepKind::RecordFirmware,
+                StepKind::PowerOff,
+            ],
+            ProvisionState::Ready,
+        ),
+        (
+            WorkflowKind::Deploy,
+            ProvisionState::Deploying,
+            &[
+                StepKind::BootDeployImage,
+                StepKind::PowerOn,
+                StepKind::AwaitDaemon,
+            ],
+            ProvisionState::Deployed,
+        ),
+        (
+            WorkflowKind::Release,
+            ProvisionState::Releasing,
+            &[
+                StepKind::BootNetworkOnce,
+                StepKind::PowerOn,
+                StepKind::AwaitDaemon,
+                StepKind::WipeDisks,
+                StepKind::PowerOff,
+            ],
+            ProvisionState::Ready,
+        ),
+        (
+            WorkflowKind::Rescue,
+            ProvisionState::Rescue,
+            &[
+                StepKind::BootNetworkOnce,
+                StepKind::PowerOn,
+                StepKind::AwaitDaemon,
+            ],
+            ProvisionState::Rescue,
+        ),
+        (
+            WorkflowKind::Retire,
+            ProvisionState::Retiring,
+            &[
+                StepKind::BootNetworkOnce,
+                StepKind::PowerOn,
+                StepKind::AwaitDaemon,
+                StepKind::WipeDisks,
+                StepKind::PowerOff,
+            ],
+            ProvisionState::Retired,
+        ),
+    ];
+
     #[test]
-    fn success_makes_the_finishing_move_and_retire_replaces_the_identity() {
-        let mut n = node(ProvisionState::Retiring);
-        let before = n.identity_generation;
+    fn each_workflow_runs_its_steps_and_its_success_makes_its_finishing_move() {
+        assert_eq!(KINDS.len(), WorkflowKind::ALL.len(), "every kind is listed");
         let id = WorkflowId::generate();
-        finish_node(WorkflowKind::Retire, &id, &mut n).expect("legal");
-        assert_eq!(n.provision_state, ProvisionState::Retired);
-        assert_eq!(n.identity_generation, before + 1);
-        let mut n = node(ProvisionState::Inspecting);
-        finish_node(WorkflowKind::Inspect, &id, &mut n).expect("legal");
-        assert_eq!(n.provision_state, ProvisionState::Commissioning);
-        let mut n = node(ProvisionState::Releasing);
-        finish_node(WorkflowKind::Release, &id, &mut n).expect("legal");
-        assert_eq!(n.provision_state, ProvisionState::Ready);
-        for kind in WorkflowKind::ALL {
-            assert_eq!(WorkflowKind::for_state(kind.state()), Some(*kind));
+        for &(kind, state, steps, finished) in KINDS {
+            assert_eq!(kind.state(), state, "{kind}");
+            assert_eq!(WorkflowKind::for_state(state), Some(kind), "{kind}");
+            assert_eq!(kind.steps(), steps, "{kind}");
             assert!(
-                crate::provision::WORKFLOW_STATES.contains(&kind.state()),
-                "{kind} can fail"
+                crate::provision::WORKFLOW_STATES.contains(&state),
+                "{kind}'s state can fail"
+            );
+            // Every step succeeding, one after the other, ends in one `Succeed`.
+            let mut w = advance(
+                &Workflow::new(kind, &node(state), "user:op", t0()),
+                Input::Tick,
+                t0(),
+            )
+            .workflow;
+            let mut endings = Vec::new();
+            while w.is_running() {
+                let next = done(&w, "ok", t0());
+                endings.extend(next.ending());
+                w = next.workflow;
+            }
+            assert_eq!(endings, vec![Effect::Succeed], "{kind}");
+            let mut n = node(state);
+            let before = n.identity_generation;
+            let changes = finish_node(kind, &id, &mut n).expect("legal");
+            assert_eq!(n.provision_state, finished, "{kind}");
+            assert_eq!(
+                n.identity_generation,
+                before + i64::from(kind == WorkflowKind::Retire),
+                "{kind}: only retire replaces the identity"
+            );
+            assert_eq!(
+                changes.is_empty(),
+                kind.finishing_move().is_none(),
+                "{kind}: rescue alone has no finishing move"
             );
         }
         assert_eq!(WorkflowKind::for_state(ProvisionState::Ready), None);
+        assert_eq!(WorkflowKind::for_state(ProvisionState::Deployed), None);
+    }
+
+    #[test]
+    fn a_command_step_keeps_its_command_fails_with_it_and_queues_again_after_a_timeout() {
+        for kind in [
+            StepKind::BurnIn,
+            StepKind::RecordFirmware,
+            StepKind::WipeDisks,
+        ] {
+            assert!(kind.command().is_some(), "{kind}");
+            let workflow = match kind {
+                StepKind::WipeDisks => WorkflowKind::Release,
+                _ => WorkflowKind::Commission,
+            };
+            let mut w = advance(
+                &Workflow::new(workflow, &node(workflow.state()), "user:op", t0()),
+                Input::Tick,
+                t0(),
+            )
+            .workflow;
+            while w.steps[w.current].kind != kind {
+                w = done(&w, "ok", t0()).workflow;
+            }
+            let step = w.current;
+            assert_eq!(
+                w.steps[step].deadline,
+                Some(t0() + kind.timeout()),
+                "{kind}"
+            );
+            let started = advance(
+                &w,
+                Input::Outcome {
+                    step,
+                    attempt: 1,
+                    result: StepResult::Started {
+                        handle: "cmd_1".into(),
+                        message: "queued".into(),
+                    },
+                },
+                t0(),
+            )
+            .workflow;
+            // A restarted controller polls the command the step queued.
+            let poll = advance(&started, Input::Tick, t0() + Duration::seconds(30));
+            assert_eq!(
+                poll.execute(),
+                Some((step, 1, kind, Some("cmd_1".into()))),
+                "{kind}"
+            );
+            // The command failed: the workflow fails with its error, without a retry.
+            let failed = advance(
+                &started,
+                Input::Outcome {
+                    step,
+                    attempt: 1,
+                    result: StepResult::Failed {
+                        message: "diag.nvml cmd_1 failed: GPU 3 memory".into(),
+                        retry: false,
+                    },
+                },
+                t0(),
+            );
+            assert!(
+                matches!(failed.ending(), Some(Effect::Fail { reason }) if reason.contains(kind.as_static_str()) && reason.contains("GPU 3 memory")),
+                "{kind}"
+            );
+            // A timeout starts the second attempt at once, without the old handle (a new
+            // command is queued); the second timeout fails the workflow.
+            let second = advance(&started, Input::Tick, t0() + kind.timeout());
+            assert_eq!(second.execute(), Some((step, 2, kind, None)), "{kind}");
+            let last = advance(
+                &second.workflow,
+                Input::Tick,
+                t0() + kind.timeout() + kind.timeout(),
+            );
+            assert_eq!(last.workflow.status, WorkflowStatus::Failed, "{kind}");
+        }
+        assert_eq!(StepKind::PowerOff.command(), None);
+        assert_eq!(StepKind::WipeDisks.command(), Some(CommandKind::DiskWipe));
+        assert!(StepKind::WipeDisks.timeout() > DISK_WIPE_TIMEOUT);
+        assert!(StepKind::BurnIn.timeout() > BURN_IN_COMMAND_TIMEOUT);
+    }
+
+    #[test]
+    fn firmware_facts_name_the_bios_each_vbios_and_the_driver() {
+        let sections = BTreeMap::from([
+            (
+                "system".to_owned(),
+                serde_json::json!({ "biosVendor": "AMI", "biosVersion": "2.1" }),
+            ),
+            (
+                "gpus".to_owned(),
+                serde_json::json!({ "driverVersion": "550.54.15", "devices": [
+                    { "vbiosVersion": "96.00.99.00.01" },
+                    { "vbiosVersion": "96.00.99.00.01" },
+                    { "vbiosVersion": "96.00.74.00.0B" },
+                ] }),
+            ),
+        ]);
+        assert_eq!(
+            firmware_facts(&sections),
+            "firmware: BIOS 2.1 (AMI); GPU VBIOS 96.00.74.00.0B on 1 GPU(s), GPU VBIOS 96.00.99.00.01 on 2 GPU(s); GPU driver 550.54.15"
+        );
+        assert_eq!(
+            firmware_facts(&BTreeMap::new()),
+            "firmware: BIOS unreported; no GPU VBIOS reported; GPU driver unreported"
+        );
     }
 
     #[test]
@@ -900,7 +1255,7 @@ mod tests {
         ];
         prop_oneof![
             4 => Just(Input::Tick),
-            6 => (0usize..4, 1u32..4, result).prop_map(|(step, attempt, result)| Input::Outcome { step, attempt, result }),
+            6 => (0usize..5, 1u32..4, result).prop_map(|(step, attempt, result)| Input::Outcome { step, attempt, result }),
             1 => Just(Input::Abort { by: "user:op".into(), reason: "stop".into() }),
         ]
     }

@@ -5,6 +5,7 @@
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
@@ -665,6 +666,11 @@ pub struct BareMetalConfig {
     pub request_timeout_secs: u64,
     /// Consecutive failed polls before `BmcUnreachable` is set (one lost packet is no outage).
     pub unreachable_after_failures: u32,
+    /// Deploy images by name: a node whose `drivers.deploy` names one boots it as virtual
+    /// media during its deploy workflow (where its BMC has virtual media), from this address
+    /// (`http://` or `https://`, which the BMC downloads). A node without `drivers.deploy`
+    /// boots its deploy from the network, as the boot server decides.
+    pub images: BTreeMap<String, String>,
 }
 
 /// A minute: power changes by an operator are followed by an immediate poll, so the
@@ -696,6 +702,7 @@ impl Default for BareMetalConfig {
             poll_batch: DEFAULT_POWER_POLL_BATCH,
             request_timeout_secs: DEFAULT_BMC_REQUEST_TIMEOUT_SECS,
             unreachable_after_failures: DEFAULT_BMC_UNREACHABLE_AFTER_FAILURES,
+            images: BTreeMap::new(),
         }
     }
 }
@@ -731,6 +738,18 @@ impl BareMetalConfig {
             self.unreachable_after_failures > 0,
             "bare_metal.unreachable_after_failures must be at least 1"
         );
+        for (name, address) in &self.images {
+            anyhow::ensure!(
+                bc_core::node::validate_label_value(name).is_ok() && !name.is_empty(),
+                "bare_metal.images: `{name}` is not an image name (what drivers.deploy names: at most 63 of a-z0-9-_.)"
+            );
+            let valid = reqwest::Url::parse(address)
+                .is_ok_and(|url| matches!(url.scheme(), "http" | "https") && url.has_host());
+            anyhow::ensure!(
+                valid,
+                "bare_metal.images.{name}: `{address}` is not an http(s) address"
+            );
+        }
         Ok(())
     }
 }
@@ -946,7 +965,10 @@ mod tests {
     fn bare_metal_settings_load_and_are_checked() {
         assert!(BareMetalConfig::default().validate().is_ok());
         figment::Jail::expect_with(|jail| {
-            jail.create_file("bc.toml", "[bare_metal]\npoll_interval_secs = 30\n")?;
+            jail.create_file(
+                "bc.toml",
+                "[bare_metal]\npoll_interval_secs = 30\n[bare_metal.images]\n\"ubuntu-24.04\" = \"https://images.example.com/ubuntu.iso\"\n",
+            )?;
             jail.set_env("BC_BARE_METAL__ALLOW_INSECURE_HTTP", "true");
             let config = Config::load(Some(Path::new("bc.toml"))).map_err(|e| e.to_string())?;
             assert_eq!(
@@ -954,6 +976,14 @@ mod tests {
                 chrono::Duration::seconds(30)
             );
             assert!(config.bare_metal.allow_insecure_http);
+            assert_eq!(
+                config
+                    .bare_metal
+                    .images
+                    .get("ubuntu-24.04")
+                    .map(String::as_str),
+                Some("https://images.example.com/ubuntu.iso")
+            );
             assert_eq!(
                 config.credential_key_file(),
                 config.data_dir.join("bmc-credentials.key")
@@ -975,6 +1005,14 @@ mod tests {
             },
             BareMetalConfig {
                 unreachable_after_failures: 0,
+                ..BareMetalConfig::default()
+            },
+            BareMetalConfig {
+                images: BTreeMap::from([("ubuntu".into(), "ftp://images/ubuntu.iso".into())]),
+                ..BareMetalConfig::default()
+            },
+            BareMetalConfig {
+                images: BTreeMap::from([("Ubuntu 24".into(), "https://images/u.iso".into())]),
                 ..BareMetalConfig::default()
             },
         ];

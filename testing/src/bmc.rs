@@ -283,18 +283,23 @@ impl SushyEmulator {
             .build()?)
     }
 
-    /// A system's `PowerState` read straight from the emulator (which applies a pending
-    /// change on this read).
-    pub async fn power_state(&self, uuid: &str) -> anyhow::Result<String> {
-        let system: Value = self
+    /// A resource of the emulator (`/redfish/v1/…`), read straight from it.
+    pub async fn get(&self, path: &str) -> anyhow::Result<Value> {
+        Ok(self
             .client()?
-            .get(format!("{}/redfish/v1/Systems/{uuid}", self.url))
+            .get(format!("{}{path}", self.url))
             .basic_auth(&self.options.username, Some(&self.options.password))
             .send()
             .await?
             .error_for_status()?
             .json()
-            .await?;
+            .await?)
+    }
+
+    /// A system's `PowerState` read straight from the emulator (which applies a pending
+    /// change on this read).
+    pub async fn power_state(&self, uuid: &str) -> anyhow::Result<String> {
+        let system = self.get(&format!("/redfish/v1/Systems/{uuid}")).await?;
         system["PowerState"]
             .as_str()
             .map(str::to_owned)

@@ -549,7 +549,7 @@ fn blank(text: &str) -> String {
 }
 
 /// The command kinds, their wire names, and whether they interrupt work.
-pub const COMMAND_KINDS: [(send_command::CommandKind, &str, bool); 5] = [
+pub const COMMAND_KINDS: [(send_command::CommandKind, &str, bool); 6] = [
     (send_command::CommandKind::DIAG_NVML, "diag.nvml", false),
     (
         send_command::CommandKind::INVENTORY_REFRESH,
@@ -563,6 +563,7 @@ pub const COMMAND_KINDS: [(send_command::CommandKind, &str, bool); 5] = [
     ),
     (send_command::CommandKind::GPU_RESET, "gpu.reset", true),
     (send_command::CommandKind::NODE_REBOOT, "node.reboot", true),
+    (send_command::CommandKind::DISK_WIPE, "disk.wipe", true),
 ];
 
 /// Sends one command to one node or a selection. Destructive kinds need a confirmation, and

@@ -142,6 +142,7 @@ mod tests {
         assert_eq!(past_node(past).expect("converts"), node);
         assert_eq!(kind_name("GPU_RESET"), "gpu.reset");
         assert_eq!(kind_name("DIAG_NVML"), "diag.nvml");
+        assert_eq!(kind_name("DISK_WIPE"), "disk.wipe");
     }
 }
 

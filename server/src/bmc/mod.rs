@@ -114,13 +114,17 @@ pub struct DriverSettings {
     pub allow_insecure_http: bool,
 }
 
-/// A one-time boot override for the next boot (the inspect workflow's network boot).
+/// A one-time boot override for the next boot (the workflows' network boot, the deploy
+/// image's virtual media).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BootTarget {
     /// Network boot (Redfish `Pxe`).
     Pxe,
     /// The local disk (Redfish `Hdd`).
     Hdd,
+    /// The virtual CD the BMC serves (Redfish `Cd`), where [`PowerDriver::insert_media`]
+    /// put an image.
+    Cd,
 }
 
 /// A machine's power, through whatever its pool's `drivers.power` names.
@@ -133,6 +137,10 @@ pub trait PowerDriver: Send + Sync {
     async fn power(&self, action: PowerAction) -> Result<(), BmcError>;
     /// Boots from `target` at the next boot only.
     async fn boot_once(&self, target: BootTarget) -> Result<(), BmcError>;
+    /// Inserts the image at `image` (an address the BMC downloads from) into the BMC's
+    /// virtual CD. `Ok(false)`: the BMC has no virtual CD, and nothing was done. Inserting
+    /// the image that is inserted already does nothing, so a step may repeat it.
+    async fn insert_media(&self, image: &str) -> Result<bool, BmcError>;
     /// The system's path as found, for the caller to keep (`None` before it is found, and
     /// for drivers without one).
     fn system_path(&self) -> Option<String>;
@@ -171,6 +179,9 @@ impl PowerDriver for NoPowerDriver {
         Err(no_driver())
     }
     async fn boot_once(&self, _target: BootTarget) -> Result<(), BmcError> {
+        Err(no_driver())
+    }
+    async fn insert_media(&self, _image: &str) -> Result<bool, BmcError> {
         Err(no_driver())
     }
     fn system_path(&self) -> Option<String> {

@@ -14,6 +14,11 @@
 //!   the BMC lists it and `ForceRestart` otherwise (many BMCs, the emulator included, do
 //!   not implement `PowerCycle`). A type the BMC's `AllowableValues` leaves out is
 //!   `Unsupported`, before anything is sent;
+//! - virtual media: the system's own `VirtualMedia` collection (Redfish 2021 and later), else
+//!   those of the managers in its `Links/ManagedBy`; the first device whose `MediaTypes`
+//!   name `CD` or `DVD`, through its `#VirtualMedia.InsertMedia` action (ejecting another
+//!   image first). A BMC without one answers "no virtual media", and the deploy boots from
+//!   the network instead;
 //! - redirects are not followed (a 3xx is an unexpected answer), so credentials never leave
 //!   for another host; answers are read up to 1 MiB.
 
@@ -31,6 +36,8 @@ const MAX_ANSWER_BYTES: usize = 1024 * 1024;
 /// The Redfish service root, the only fixed path of the protocol.
 const SERVICE_ROOT: &str = "/redfish/v1/";
 const RESET_ACTION: &str = "#ComputerSystem.Reset";
+const INSERT_MEDIA_ACTION: &str = "#VirtualMedia.InsertMedia";
+const EJECT_MEDIA_ACTION: &str = "#VirtualMedia.EjectMedia";
 
 pub struct RedfishDriver {
     client: reqwest::Client,
@@ -292,6 +299,7 @@ impl PowerDriver for RedfishDriver {
         let target = match target {
             BootTarget::Pxe => "Pxe",
             BootTarget::Hdd => "Hdd",
+            BootTarget::Cd => "Cd",
         };
         self.on_system(|path| async move {
             self.request(
@@ -310,8 +318,117 @@ impl PowerDriver for RedfishDriver {
         .await
     }
 
+    async fn insert_media(&self, image: &str) -> Result<bool, BmcError> {
+        self.on_system(|path| async move {
+            let system = self.get(&path).await?;
+            let mut collections: Vec<String> = system
+                .get("VirtualMedia")
+                .and_then(|v| v.get("@odata.id"))
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+                .into_iter()
+                .collect();
+            let managers: Vec<String> = system
+                .get("Links")
+                .and_then(|l| l.get("ManagedBy"))
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(|m| {
+                    m.get("@odata.id")
+                        .and_then(Value::as_str)
+                        .map(str::to_owned)
+                })
+                .collect();
+            for manager in managers {
+                let manager = self.get(&manager).await?;
+                collections.extend(
+                    manager
+                        .get("VirtualMedia")
+                        .and_then(|v| v.get("@odata.id"))
+                        .and_then(Value::as_str)
+                        .map(str::to_owned),
+                );
+            }
+            for collection in collections {
+                if let Some(device) = self.virtual_cd(&collection).await? {
+                    self.insert_into(&device, image).await?;
+                    return Ok(true);
+                }
+            }
+            Ok(false)
+        })
+        .await
+    }
+
     fn system_path(&self) -> Option<String> {
         self.cached_path()
+    }
+}
+
+impl RedfishDriver {
+    /// The first device of a `VirtualMedia` collection that takes a CD or DVD.
+    async fn virtual_cd(&self, collection: &str) -> Result<Option<Value>, BmcError> {
+        let list = self.get(collection).await?;
+        let members: Vec<String> = list
+            .get("Members")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|m| {
+                m.get("@odata.id")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+            })
+            .collect();
+        for member in members {
+            let device = self.get(&member).await?;
+            let cd = device
+                .get("MediaTypes")
+                .and_then(Value::as_array)
+                .is_some_and(|types| {
+                    types
+                        .iter()
+                        .any(|t| matches!(t.as_str(), Some("CD" | "DVD")))
+                });
+            if cd {
+                return Ok(Some(device));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Inserts `image` into `device`: nothing when it is in already, else ejecting what is
+    /// in first.
+    async fn insert_into(&self, device: &Value, image: &str) -> Result<(), BmcError> {
+        let inserted = device.get("Inserted").and_then(Value::as_bool) == Some(true);
+        let current = device.get("Image").and_then(Value::as_str).unwrap_or("");
+        if inserted && current == image {
+            return Ok(());
+        }
+        let action = |name: &str| {
+            device
+                .get("Actions")
+                .and_then(|a| a.get(name))
+                .and_then(|a| a.get("target"))
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        };
+        if inserted && let Some(eject) = action(EJECT_MEDIA_ACTION) {
+            self.request(Method::POST, &eject, Some(json!({}))).await?;
+        }
+        let insert = action(INSERT_MEDIA_ACTION).ok_or_else(|| {
+            BmcError::Unsupported(format!(
+                "the virtual CD offers no {INSERT_MEDIA_ACTION} action"
+            ))
+        })?;
+        self.request(
+            Method::POST,
+            &insert,
+            Some(json!({ "Image": image, "Inserted": true, "WriteProtected": true })),
+        )
+        .await?;
+        Ok(())
     }
 }
 

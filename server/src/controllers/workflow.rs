@@ -7,13 +7,16 @@
 //!    advanced first, at most [`WORKFLOW_BATCH`].
 //! 2. **Advance.** For each: a `Tick` (start the current step, time it out, or poll it);
 //!    the step's execution (`Services::execute_workflow_step`: a BMC call, a look at the
-//!    node and its inventory), outside any transaction; its outcome fed back. A step that
-//!    succeeds starts the next one in the same pass, up to [`MAX_STEPS_PER_PASS`], so a
-//!    workflow moves as fast as its machine does.
+//!    node and its inventory, a command built for the node's daemon or the poll of the one
+//!    queued), outside any transaction; its outcome fed back. A step that succeeds starts
+//!    the next one in the same pass, up to [`MAX_STEPS_PER_PASS`], so a workflow moves as
+//!    fast as its machine does.
 //! 3. **Record.** One transaction per workflow (`Services::record_workflow`): the
-//!    workflow row under its `version`, the node's move when it ends, the events. An abort
-//!    that committed in between wins: the pass is dropped and the next tick sees the
-//!    aborted workflow, which is no longer in the list.
+//!    workflow row under its `version`, the commands its steps built (queued with the
+//!    handles that name them), the node's move when it ends and the workflow of the state
+//!    it moves to, the events. An abort that committed in between wins: the pass is
+//!    dropped with its commands, and the next tick sees the aborted workflow, which is no
+//!    longer in the list.
 //!
 //! Nothing is kept in memory between ticks: a restarted server resumes every workflow from
 //! its stored step, executing a running step again (each step's execution is safe to
@@ -74,16 +77,19 @@ impl WorkflowController {
             let mut now = self.services.clock.now();
             let mut current = workflow::advance(&before, Input::Tick, now);
             let mut ending = current.ending();
+            let mut queued = Vec::new();
             let mut steps = 0;
             while let Some((step, attempt, kind, handle)) = current.execute() {
                 if steps == MAX_STEPS_PER_PASS {
                     break;
                 }
                 steps += 1;
-                let result = self
+                let executed = self
                     .services
                     .execute_workflow_step(&current.workflow, kind, handle.as_deref())
                     .await;
+                queued.extend(executed.command);
+                let result = executed.result;
                 tracing::debug!(workflow = %before.id, %kind, ?result, "a workflow step executed");
                 now = self.services.clock.now();
                 current = workflow::advance(
@@ -104,7 +110,7 @@ impl WorkflowController {
             }
             match self
                 .services
-                .record_workflow(&before, current.workflow, ending)
+                .record_workflow(&before, current.workflow, ending, queued)
                 .await
             {
                 Ok(Recorded::Ended) => report.ended += 1,

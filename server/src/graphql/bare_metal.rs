@@ -278,10 +278,20 @@ pub enum WorkflowKind {
     /// `inspecting`: boot the network once, wait for the ramdisk daemon, check its
     /// identifiers against the enrolment; success moves the node to `commissioning`.
     Inspect,
-    /// `releasing`: power off; success moves the node to `ready`.
+    /// `commissioning`: burn the GPUs in (`diag.nvml` at the pool's acceptance level),
+    /// record the firmware facts, power off; success moves the node to `ready`.
+    Commission,
+    /// `deploying`: boot the deploy image (virtual media, else the network), power on, wait
+    /// for the installed system's daemon; success moves the node to `deployed`.
+    Deploy,
+    /// `releasing`: boot the ramdisk, wipe the disks, power off; success moves the node to
+    /// `ready`.
     Release,
-    /// `retiring`: power off; success bumps `identityGeneration` and moves the node to
-    /// `retired`.
+    /// `rescue`: boot the rescue ramdisk from the network, power on, wait for its daemon;
+    /// success leaves the node in `rescue` (`UNRESCUE` leaves it).
+    Rescue,
+    /// `retiring`: boot the ramdisk, wipe the disks, power off; success bumps
+    /// `identityGeneration` and moves the node to `retired`.
     Retire,
 }
 
@@ -305,12 +315,21 @@ pub enum WorkflowStatus {
 pub enum WorkflowStepKind {
     /// Set the BMC's one-time boot override to the network.
     BootNetworkOnce,
+    /// Insert the deploy image (`drivers.deploy`) as the BMC's virtual CD and boot from it
+    /// once, else boot from the network once; the log says which.
+    BootDeployImage,
     /// Power the machine on (restart it if on) and wait until the BMC reports it on.
     PowerOn,
     /// Wait for the machine's daemon to join as this node with a new identity generation.
     AwaitDaemon,
     /// Compare the identifiers the daemon reports with the enrolment's.
     CheckIdentifiers,
+    /// Run `diag.nvml` at the pool's acceptance level and wait for it to pass.
+    BurnIn,
+    /// Run an `inventory.refresh` of the sections with firmware facts and log them.
+    RecordFirmware,
+    /// Run `disk.wipe` and wait for it to succeed.
+    WipeDisks,
     /// Power the machine off and wait until the BMC reports it off.
     PowerOff,
 }
@@ -418,6 +437,15 @@ impl WorkflowStep {
     /// When its current attempt times out.
     async fn deadline(&self) -> Option<DateTime<Utc>> {
         self.0.deadline
+    }
+    /// The command its current attempt queued on the node's daemon (`BURN_IN`,
+    /// `RECORD_FIRMWARE`, `WIPE_DISKS`), once queued; see `command(id:)`.
+    async fn command_id(&self) -> Option<ID> {
+        self.0
+            .kind
+            .command()
+            .and(self.0.handle.as_ref())
+            .map(|h| ID(h.clone()))
     }
     /// What it did and saw, oldest first (the last 50 lines).
     async fn log(&self) -> Vec<WorkflowLogLine> {

@@ -1563,6 +1563,9 @@ pub enum CommandKind {
     GpuReset,
     /// `node.reboot`: reboot the machine. Destructive.
     NodeReboot,
+    /// `disk.wipe`: erase every local disk. Destructive; the release and retire workflows
+    /// run it in the ramdisk.
+    DiskWipe,
 }
 
 /// Where a command is.
@@ -1593,7 +1596,7 @@ pub enum CommandStatus {
 #[graphql(remote = "bc_core::command::Lane")]
 pub enum CommandLane {
     /// Everything that touches the GPUs or the whole machine (`diag.nvml`, `gpu.reset`,
-    /// `node.reboot`): they queue behind each other.
+    /// `node.reboot`, `disk.wipe`): they queue behind each other.
     Gpu,
     /// `inventory.refresh`, which only reads and may run beside a diagnostic.
     Inventory,

@@ -1,17 +1,25 @@
 //! Bare-metal workflows: starting one when a bare-metal node enters a state that runs one
-//! (the operators' provision moves, `recover`), `abortWorkflow`, and what the Workflow
-//! controller needs: its work list, the execution of one step (BMC calls outside any
-//! transaction, looks at the node and its inventory) and the one transaction that records a
-//! pass (the workflow row under its `version`, the node's move, the events).
+//! (the operators' provision moves, `recover`, and a workflow's own finishing move, so that
+//! inspection leads into commissioning), `abortWorkflow`, and what the Workflow controller
+//! needs: its work list, the execution of one step (BMC calls outside any transaction, looks
+//! at the node and its inventory, the command a step runs on the node's daemon) and the one
+//! transaction that records a pass (the workflow row under its `version`, the commands its
+//! steps queued, the node's move, the next workflow, the events).
+//!
+//! A step that runs a command (`burn-in`, `record-firmware`, `wipe-disks`) builds it when
+//! it executes but queues it in the transaction that records the step's handle (the
+//! command's id): a pass that is dropped (an abort won) queues nothing, and a controller that
+//! restarts finds the handle and polls that command instead of queueing another.
 //!
 //! The step machine itself is `bc_core::workflow` and pure; here is only its IO. A node
 //! enrolled without a BMC runs no workflow: its moves stay what an operator types.
 
 use bc_core::Actor;
-use bc_core::axes::Power;
-use bc_core::bare_metal::PowerAction;
+use bc_core::axes::{Connectivity, Power, Trust};
+use bc_core::bare_metal::{DEPLOY_DRIVER_KEY, PowerAction};
+use bc_core::command::{Command, CommandKind, CommandStatus, NewCommand};
 use bc_core::event::EventType;
-use bc_core::ids::NodeId;
+use bc_core::ids::{CommandId, NodeId};
 use bc_core::node::NodeRecord;
 use bc_core::provision::ProvisionMove;
 use bc_core::view::NodeDetail;
@@ -23,7 +31,9 @@ use std::collections::BTreeMap;
 use super::Services;
 use super::bare_metal::BareMetalNode;
 use super::nodes::not_found;
-use super::store::{WriteTxn, bare_metal, events, inventory, nodes, workflows};
+use super::store::{
+    WriteTxn, bare_metal, catalog, commands, events, inventory, nodes, placement, workflows,
+};
 use crate::auth::{Principal, Role};
 use crate::bmc::{BmcError, BootTarget, PowerDriver};
 use crate::error::{ApiError, ApiResult};
@@ -53,6 +63,23 @@ pub enum Recorded {
 
 /// How many workflows the bare-metal view lists for a node (newest first).
 pub const WORKFLOWS_SHOWN: u64 = 10;
+
+/// What one execution of a step found, and the command it built to be queued with the
+/// step's handle when the pass is recorded.
+#[derive(Debug, Clone)]
+pub struct Executed {
+    pub result: StepResult,
+    pub command: Option<Command>,
+}
+
+impl From<StepResult> for Executed {
+    fn from(result: StepResult) -> Self {
+        Executed {
+            result,
+            command: None,
+        }
+    }
+}
 
 impl Services {
     /// A provision move by an operator (`transitionNode`, `adoptNode`, `retireNode`), in one
@@ -300,6 +327,7 @@ impl Services {
         before: &Workflow,
         mut after: Workflow,
         mut ending: Option<Effect>,
+        mut queued: Vec<Command>,
     ) -> ApiResult<Recorded> {
         let actor = Actor::Controller(WORKFLOW_ACTOR.into());
         let now = self.clock.now();
@@ -327,6 +355,7 @@ impl Services {
             )
             .workflow;
             ending = None;
+            queued.clear();
         }
         if after == *before {
             return Ok(Recorded::Unchanged);
@@ -370,6 +399,25 @@ impl Services {
         {
             return Ok(Recorded::Dropped);
         }
+        // The commands the pass's steps built, queued with the handles that name them
+        // (lock order: the node is locked; command rows are new).
+        if !queued.is_empty() {
+            commands::insert(&*txn, &queued).await?;
+            for command in &queued {
+                events::append_command(&txn, command, None, &actor, now);
+                metrics::counter!("bc_commands_sent_total", "kind" => command.kind.to_string())
+                    .increment(1);
+            }
+        }
+        // A finishing move into a state that runs a workflow (inspection's `commission`)
+        // starts that one, after this one stopped running (one running row per node).
+        if let Some((after_node, changes)) = &moved
+            && !changes.is_empty()
+            && after_node.provision_state != before.kind.state()
+        {
+            self.start_workflow_in(&txn, after_node, &actor, now)
+                .await?;
+        }
         txn.commit().await?;
         if let Some((after, changes)) = &moved {
             self.after_node_commit(after, changes);
@@ -389,13 +437,14 @@ impl Services {
         w: &Workflow,
         kind: StepKind,
         handle: Option<&str>,
-    ) -> StepResult {
+    ) -> Executed {
         match self.try_execute_step(w, kind, handle).await {
-            Ok(result) => result,
+            Ok(executed) => executed,
             Err(err) => StepResult::Failed {
                 message: err.message(),
                 retry: true,
-            },
+            }
+            .into(),
         }
     }
 
@@ -415,7 +464,7 @@ impl Services {
         w: &Workflow,
         kind: StepKind,
         handle: Option<&str>,
-    ) -> ApiResult<StepResult> {
+    ) -> ApiResult<Executed> {
         let read = self.store.read().await?;
         let node = nodes::load(&read, &w.node_id, false)
             .await?
@@ -425,7 +474,13 @@ impl Services {
             return Ok(StepResult::Failed {
                 message: format!("the node left {}", w.kind.state()),
                 retry: false,
-            });
+            }
+            .into());
+        }
+        if let Some(command) = kind.command() {
+            return self
+                .command_step(&read, w, &node, kind, command, handle)
+                .await;
         }
         Ok(match kind {
             StepKind::BootNetworkOnce => match self
@@ -434,11 +489,16 @@ impl Services {
                 .boot_once(BootTarget::Pxe)
                 .await
             {
-                Ok(()) => StepResult::Done(
-                    "the BMC boots the machine from the network once, at its next boot".into(),
-                ),
+                Ok(()) => StepResult::Done(format!(
+                    "the BMC boots the machine from the network once, at its next boot ({})",
+                    network_boot_purpose(w.kind)
+                )),
                 Err(err) => bmc_failed(&err),
             },
+            StepKind::BootDeployImage => {
+                let driver = self.workflow_driver(&read, &node).await?;
+                self.boot_deploy_image(&*driver, &node).await
+            }
             StepKind::PowerOn | StepKind::PowerOff => {
                 let wanted = if kind == StepKind::PowerOn {
                     Power::On
@@ -502,10 +562,281 @@ impl Services {
                     }
                 }
             }
+            StepKind::BurnIn | StepKind::RecordFirmware | StepKind::WipeDisks => {
+                return Err(ApiError::internal(anyhow::anyhow!(
+                    "the step {kind} runs a command and is executed as one"
+                )));
+            }
+        }
+        .into())
+    }
+
+    /// `boot-deploy-image`: the image `drivers.deploy` names, as virtual media where the BMC
+    /// has it (booted from once), else a one-time network boot; no image named: a network
+    /// boot, the boot server choosing the image. The log says which, by the image's name
+    /// (its address may carry a token and is not logged).
+    async fn boot_deploy_image(&self, driver: &dyn PowerDriver, node: &NodeRecord) -> StepResult {
+        let Some(name) = node.drivers.get(DEPLOY_DRIVER_KEY) else {
+            return match driver.boot_once(BootTarget::Pxe).await {
+                Ok(()) => StepResult::Done(
+                    "no deploy image is named (drivers.deploy): the machine boots its deploy from the network once".into(),
+                ),
+                Err(err) => bmc_failed(&err),
+            };
+        };
+        let Some(address) = self.bare_metal.config.images.get(name) else {
+            return StepResult::Failed {
+                message: format!(
+                    "the node's drivers.deploy names the image `{name}`, which bare_metal.images does not list"
+                ),
+                retry: false,
+            };
+        };
+        let (target, message) = match driver.insert_media(address).await {
+            Ok(true) => (
+                BootTarget::Cd,
+                format!(
+                    "the image `{name}` is inserted as the BMC's virtual CD; the machine boots from it once"
+                ),
+            ),
+            Ok(false) => (
+                BootTarget::Pxe,
+                format!(
+                    "the BMC has no virtual media: the machine boots the image `{name}` from the network once"
+                ),
+            ),
+            Err(err) => return bmc_failed(&err),
+        };
+        match driver.boot_once(target).await {
+            Ok(()) => StepResult::Done(message),
+            Err(err) => bmc_failed(&err),
+        }
+    }
+
+    /// A step that runs `kind` on the node's daemon. Without a handle: builds the command
+    /// (queued when the pass is recorded, with its id as the handle). With one: polls that
+    /// command, the step ending with it.
+    async fn command_step(
+        &self,
+        read: &sea_orm::DatabaseTransaction,
+        w: &Workflow,
+        node: &NodeRecord,
+        step: StepKind,
+        kind: CommandKind,
+        handle: Option<&str>,
+    ) -> ApiResult<Executed> {
+        let Some(handle) = handle else {
+            return self.build_step_command(read, node, step, kind).await;
+        };
+        let id = CommandId::parse(handle).map_err(|_| {
+            ApiError::internal(anyhow::anyhow!(
+                "workflow {}: the handle `{handle}` of {step} is no command id",
+                w.id
+            ))
+        })?;
+        let Some(command) = commands::load(read, &id, false).await? else {
+            return Ok(StepResult::Failed {
+                message: format!("{kind} {id} is gone"),
+                retry: true,
+            }
+            .into());
+        };
+        let result = match command.status {
+            CommandStatus::Succeeded => {
+                StepResult::Done(self.command_succeeded(read, node, step, &command).await?)
+            }
+            CommandStatus::Failed
+            | CommandStatus::TimedOut
+            | CommandStatus::Cancelled
+            | CommandStatus::Expired => StepResult::Failed {
+                message: format!(
+                    "{kind} {id} {}: {}",
+                    command.status,
+                    command_error(&command)
+                ),
+                retry: false,
+            },
+            status => StepResult::Waiting(if node.connectivity == Connectivity::Connected {
+                format!("{kind} {id} is {status}")
+            } else {
+                format!(
+                    "{kind} {id} is {status}; the node's daemon is {}",
+                    node.connectivity
+                )
+            }),
+        };
+        Ok(result.into())
+    }
+
+    /// The command a command step runs, built (not yet queued), or the step's end when there
+    /// is nothing to run.
+    async fn build_step_command(
+        &self,
+        read: &sea_orm::DatabaseTransaction,
+        node: &NodeRecord,
+        step: StepKind,
+        kind: CommandKind,
+    ) -> ApiResult<Executed> {
+        let (params, timeout, force, what) = match step {
+            StepKind::BurnIn => {
+                let pool = match &node.pool_id {
+                    Some(id) => catalog::pool(read, id).await?,
+                    None => None,
+                };
+                let (policy, profile) = pool
+                    .map(|p| (p.acceptance, p.hardware_profile))
+                    .unwrap_or_default();
+                let level = match policy.diagnostic_level() {
+                    Some(level) if profile.expects_gpus() => level,
+                    _ => {
+                        return Ok(StepResult::Done(
+                            "no burn-in: the pool's acceptance runs no GPU diagnostic, or its machines have no GPUs".into(),
+                        )
+                        .into());
+                    }
+                };
+                (
+                    serde_json::json!({ "level": level }),
+                    Some(workflow::BURN_IN_COMMAND_TIMEOUT),
+                    false,
+                    format!("{kind} level {level} (the pool's acceptance level)"),
+                )
+            }
+            StepKind::RecordFirmware => (
+                serde_json::json!({ "sections": workflow::FIRMWARE_SECTIONS }),
+                None,
+                false,
+                format!(
+                    "{kind} of {} (the sections with firmware facts)",
+                    workflow::FIRMWARE_SECTIONS.join(", ")
+                ),
+            ),
+            _ => {
+                // A wipe is destructive. The node is out of service (releasing or retiring:
+                // the placer books only adopted or deployed nodes), so the workflow sends it
+                // with `force`, as the decision of the operator's release or retire; but
+                // never to a tenant-controlled machine, and not while work is still booked.
+                if node.trust == Trust::TenantControlled {
+                    return Ok(StepResult::Failed {
+                        message: format!(
+                            "{kind} is destructive and the node is tenant-controlled: the platform never sends it destructive commands"
+                        ),
+                        retry: false,
+                    }
+                    .into());
+                }
+                let allocations = placement::active_on_nodes(read, std::slice::from_ref(&node.id))
+                    .await?
+                    .len();
+                if allocations > 0 {
+                    return Ok(StepResult::Waiting(format!(
+                        "{kind} waits: the node still holds {allocations} allocation(s)"
+                    ))
+                    .into());
+                }
+                (serde_json::Value::Null, None, true, kind.to_string())
+            }
+        };
+        let command = Command::new(
+            NewCommand {
+                kind,
+                params,
+                timeout,
+                not_before: None,
+                ttl: None,
+                force,
+            },
+            node.id.clone(),
+            node.owner_tenant_id.clone(),
+            Actor::Controller(WORKFLOW_ACTOR.into()),
+            self.clock.now(),
+        )?;
+        Ok(Executed {
+            result: StepResult::Started {
+                handle: command.id.to_string(),
+                message: format!("queued {what} as {}", command.id),
+            },
+            command: Some(command),
+        })
+    }
+
+    /// What a command step's successful command found, for its log.
+    async fn command_succeeded(
+        &self,
+        read: &sea_orm::DatabaseTransaction,
+        node: &NodeRecord,
+        step: StepKind,
+        command: &Command,
+    ) -> ApiResult<String> {
+        Ok(match step {
+            StepKind::RecordFirmware => {
+                let sections = inventory::sections(read, &node.id).await?;
+                format!(
+                    "{} {} reported; {}",
+                    command.kind,
+                    command.id,
+                    workflow::firmware_facts(&sections)
+                )
+            }
+            StepKind::WipeDisks => {
+                let wiped: Vec<&str> = command
+                    .result
+                    .as_ref()
+                    .and_then(|r| r.get("wiped"))
+                    .and_then(serde_json::Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(serde_json::Value::as_str)
+                    .collect();
+                if wiped.is_empty() {
+                    format!("{} {} succeeded", command.kind, command.id)
+                } else {
+                    format!(
+                        "{} {} erased {}",
+                        command.kind,
+                        command.id,
+                        wiped.join(", ")
+                    )
+                }
+            }
+            _ => format!("{} {} passed", command.kind, command.id),
         })
     }
 }
 
+/// What a network boot is for, in each workflow that makes one.
+fn network_boot_purpose(kind: WorkflowKind) -> &'static str {
+    match kind {
+        WorkflowKind::Inspect => "the inspection ramdisk",
+        WorkflowKind::Rescue => "the rescue ramdisk",
+        WorkflowKind::Release | WorkflowKind::Retire => "the ramdisk that wipes the disks",
+        WorkflowKind::Commission | WorkflowKind::Deploy => "the deploy",
+    }
+}
+
+/// The most of a failed command's output a step's log and the workflow's reason carry.
+const COMMAND_ERROR_CHARS: usize = 500;
+
+/// Why a command ended without success, in a line: its error, else its output (the
+/// diagnostic's verdict and failures) joined and shortened.
+fn command_error(command: &Command) -> String {
+    let text = command.error.clone().unwrap_or_else(|| {
+        command
+            .output
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect::<Vec<_>>()
+            .join("; ")
+    });
+    if text.is_empty() {
+        return "no reason given".to_owned();
+    }
+    match text.char_indices().nth(COMMAND_ERROR_CHARS) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text,
+    }
+}
 /// The identifiers an inventory reports, normalised as an enrolment's are.
 fn reported_identifiers(sections: &BTreeMap<String, serde_json::Value>) -> Identifiers {
     let raw = bc_core::health::identifiers(sections.get("system"), sections.get("network"));

@@ -1,6 +1,6 @@
 //! What the simulated machine does with the gateway's commands (`diag.nvml`,
-//! `inventory.refresh`, `logs.collect`, `gpu.reset`, `node.reboot`): how long each runs, and
-//! the result it reports.
+//! `inventory.refresh`, `logs.collect`, `gpu.reset`, `node.reboot`, `disk.wipe`): how long
+//! each runs, and the result it reports.
 
 use super::session::{Session, inventory_message, send};
 use super::{DaemonError, FakeDaemon};
@@ -146,6 +146,12 @@ impl FakeDaemon {
                     serde_json::json!({ "rebooting": true }),
                 )
             }
+            CommandKind::DiskWipe => {
+                // The simulated machine's disks hold nothing but what the status counts:
+                // the wipe is recorded there, for tests to see that it ran on the machine.
+                self.update(|s| s.disk_wipes += 1);
+                disk_wipe(inventory)
+            }
         };
         let message = DaemonMessage::CommandResult {
             id: command.id,
@@ -263,4 +269,22 @@ fn gpu_reset(params: &Value) -> Report {
         format!("nvidia-smi -r: GPU {gpu} reset\n"),
         serde_json::json!({ "reset": gpu }),
     )
+}
+
+/// Erases every disk the `disks` section lists, as the ramdisk does (an NVMe format with a
+/// crypto erase), and names them in the result.
+fn disk_wipe(inventory: &BTreeMap<String, Value>) -> Report {
+    let disks: Vec<String> = inventory
+        .get("disks")
+        .and_then(|d| d.get("devices"))
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|d| d.get("name").and_then(Value::as_str).map(str::to_owned))
+        .collect();
+    let output: String = disks
+        .iter()
+        .map(|d| format!("nvme format /dev/{d} --ses=2: success\n"))
+        .collect();
+    Report::succeeded(output, serde_json::json!({ "wiped": disks }))
 }

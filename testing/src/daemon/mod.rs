@@ -221,6 +221,8 @@ pub struct DaemonStatus {
     /// Commands the gateway sent, and those the simulated machine finished.
     pub commands_received: u64,
     pub commands_finished: u64,
+    /// `disk.wipe`s the simulated machine carried out.
+    pub disk_wipes: u64,
     /// The spec generation the daemon converged (it converges at once).
     pub observed_generation: i64,
     /// Why the last session ended: the gateway's goodbye or close reason, or the error.
