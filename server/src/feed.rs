@@ -3,7 +3,11 @@
 //! One tailer per process reads events committed after its head (woken by this process's
 //! commits, by PostgreSQL `NOTIFY` from other replicas, and by a slow poll as a safety net),
 //! attaches to each event its node as it was right after that event (rebuilt from the log
-//! when it has changed since, see `service::history`), and broadcasts them. A subscriber first replays
+//! when it has changed since, see `service::history`), and broadcasts them. It broadcasts
+//! twice: every event as committed, to this process's own followers (the gateway's command
+//! routing, the placement loop), which need no node; and every event with its node, to GraphQL
+//! subscriptions, and only while one listens: attaching nodes is most of the feed's cost, and a
+//! fleet coming up with no one watching paid it for every event. A subscriber first replays
 //! from its cursor out of the table, then follows the broadcast; it subscribes to the
 //! broadcast before replaying and skips what it already delivered, so there is no gap and no
 //! duplicate between the two. The broadcast is bounded: a subscriber that falls more than
@@ -40,8 +44,29 @@ pub struct FeedEvent {
     pub node_not_recorded: Option<i64>,
 }
 
+/// Something the feed delivers in commit order: an event, with or without its node.
+pub trait Sequenced {
+    /// The event's sequence number.
+    fn seq(&self) -> i64;
+}
+
+impl Sequenced for RecordedEvent {
+    fn seq(&self) -> i64 {
+        self.id.0
+    }
+}
+
+impl Sequenced for FeedEvent {
+    fn seq(&self) -> i64 {
+        self.event.id.0
+    }
+}
+
 pub struct Feed {
-    tx: broadcast::Sender<Arc<FeedEvent>>,
+    /// Every event as committed, without its node.
+    events: broadcast::Sender<Arc<RecordedEvent>>,
+    /// Every event with its node; nodes are attached only while a receiver exists.
+    with_nodes: broadcast::Sender<Arc<FeedEvent>>,
     head: watch::Sender<i64>,
     /// Ends every subscriber's stream when the server shuts down.
     stopped: watch::Receiver<bool>,
@@ -56,10 +81,12 @@ impl Feed {
         shutdown: watch::Receiver<bool>,
     ) -> anyhow::Result<Arc<Feed>> {
         let start = services.event_head().await?;
-        let (tx, _) = broadcast::channel(FEED_BUFFER);
+        let (events, _) = broadcast::channel(FEED_BUFFER);
+        let (with_nodes, _) = broadcast::channel(FEED_BUFFER);
         let (head, _) = watch::channel(start);
         let feed = Arc::new(Feed {
-            tx,
+            events,
+            with_nodes,
             head,
             stopped: shutdown.clone(),
             tasks: std::sync::Mutex::default(),
@@ -96,56 +123,97 @@ impl Feed {
         *self.head.borrow()
     }
 
-    /// Every event after `after`, then every new one, as they commit.
+    /// Every event after `after`, then every new one, as they commit, each with its node as
+    /// it was right after the event: what GraphQL subscriptions deliver.
     pub fn subscribe(
         self: &Arc<Self>,
         services: Services,
         after: i64,
     ) -> impl Stream<Item = Result<Arc<FeedEvent>, ApiError>> + Send + use<> {
-        let mut rx = self.tx.subscribe();
-        let mut stopped = self.stopped.clone();
-        async_stream::stream! {
-            let mut last = after;
-            // Replay from the table until it has nothing newer.
-            loop {
-                let batch = match services.events_after(last, READ_BATCH).await {
-                    Ok(batch) => batch,
-                    Err(err) => { yield Err(err); return; }
-                };
-                if batch.is_empty() {
-                    break;
+        follow(
+            self.with_nodes.subscribe(),
+            self.stopped.clone(),
+            after,
+            move |last| {
+                let services = services.clone();
+                async move {
+                    let batch = services.events_after(last, READ_BATCH).await?;
+                    enrich(&services, batch).await
                 }
-                let enriched = match enrich(&services, batch).await {
-                    Ok(enriched) => enriched,
-                    Err(err) => { yield Err(err); return; }
-                };
-                for event in enriched {
-                    last = event.event.id.0;
-                    yield Ok(Arc::new(event));
-                }
+            },
+        )
+    }
+
+    /// [`Feed::subscribe`] without nodes, for followers that act on the events themselves
+    /// (which node, which type, which pool) and so cost the feed nothing to serve.
+    pub fn subscribe_events(
+        self: &Arc<Self>,
+        services: Services,
+        after: i64,
+    ) -> impl Stream<Item = Result<Arc<RecordedEvent>, ApiError>> + Send + use<> {
+        follow(
+            self.events.subscribe(),
+            self.stopped.clone(),
+            after,
+            move |last| {
+                let services = services.clone();
+                async move { services.events_after(last, READ_BATCH).await }
+            },
+        )
+    }
+}
+
+/// A subscriber's stream: replay from the table (`read` answers the events after a sequence
+/// number, oldest first) until it has nothing newer, then follow the broadcast `rx`,
+/// subscribed before the replay began, skipping what the replay already delivered.
+fn follow<T, R, F>(
+    mut rx: broadcast::Receiver<Arc<T>>,
+    mut stopped: watch::Receiver<bool>,
+    after: i64,
+    mut read: R,
+) -> impl Stream<Item = Result<Arc<T>, ApiError>> + Send + use<T, R, F>
+where
+    T: Sequenced + Send + Sync + 'static,
+    R: FnMut(i64) -> F + Send + 'static,
+    F: Future<Output = Result<Vec<T>, ApiError>> + Send,
+{
+    async_stream::stream! {
+        let mut last = after;
+        // Replay from the table until it has nothing newer.
+        loop {
+            let batch = match read(last).await {
+                Ok(batch) => batch,
+                Err(err) => { yield Err(err); return; }
+            };
+            if batch.is_empty() {
+                break;
             }
-            // Follow the broadcast, skipping what the replay already delivered.
-            loop {
-                let received = tokio::select! {
-                    received = rx.recv() => received,
-                    // The server is stopping: the stream ends, the client resumes elsewhere.
-                    _ = stopped.changed() => return,
-                };
-                match received {
-                    Ok(event) => {
-                        if event.event.id.0 <= last {
-                            continue;
-                        }
-                        last = event.event.id.0;
-                        yield Ok(event);
+            for event in batch {
+                last = event.seq();
+                yield Ok(Arc::new(event));
+            }
+        }
+        // Follow the broadcast, skipping what the replay already delivered.
+        loop {
+            let received = tokio::select! {
+                received = rx.recv() => received,
+                // The server is stopping: the stream ends, the client resumes elsewhere.
+                _ = stopped.changed() => return,
+            };
+            match received {
+                Ok(event) => {
+                    if event.seq() <= last {
+                        continue;
                     }
-                    Err(broadcast::error::RecvError::Lagged(_)) => {
-                        metrics::counter!("bc_feed_subscribers_lagged_total").increment(1);
-                        yield Err(ApiError::ResumeRequired { cursor: bc_core::ids::EventId(last).to_string() });
-                        return;
-                    }
-                    Err(broadcast::error::RecvError::Closed) => return,
+                    last = event.seq();
+                    yield Ok(event);
                 }
+                Err(broadcast::error::RecvError::Lagged(_)) => {
+                    metrics::counter!("bc_feed_subscribers_lagged_total").increment(1);
+                    yield Err(ApiError::ResumeRequired { cursor: bc_core::ids::EventId(last).to_string() });
+                    return;
+                }
+                Err(broadcast::error::RecvError::Closed) => return,
             }
         }
     }
@@ -197,20 +265,28 @@ async fn tail(
                     break;
                 }
             };
-            if batch.is_empty() {
+            let Some(newest) = batch.last().map(Sequenced::seq) else {
                 break;
-            }
-            let enriched = match enrich(&services, batch).await {
-                Ok(enriched) => enriched,
-                Err(err) => {
-                    tracing::warn!(code = err.code(), reason = %err.message(), "the event feed could not load nodes");
-                    break;
-                }
             };
-            let newest = enriched.last().map_or(head, |e| e.event.id.0);
-            for event in enriched {
-                // No receivers is fine: nobody is subscribed.
-                let _ = feed.tx.send(Arc::new(event));
+            // Nodes are attached only for a subscriber that is there now. One that subscribes
+            // after this check replays this batch from the table (it was committed before
+            // it was read here), with nodes, before following the broadcast.
+            if feed.with_nodes.receiver_count() > 0 {
+                let enriched = match enrich(&services, batch.clone()).await {
+                    Ok(enriched) => enriched,
+                    Err(err) => {
+                        tracing::warn!(code = err.code(), reason = %err.message(), "the event feed could not load nodes");
+                        break;
+                    }
+                };
+                for event in enriched {
+                    // A subscriber that left meanwhile is fine.
+                    let _ = feed.with_nodes.send(Arc::new(event));
+                }
+            }
+            for event in batch {
+                // No receivers is fine: nobody follows.
+                let _ = feed.events.send(Arc::new(event));
             }
             feed.head.send_replace(newest);
             metrics::gauge!("bc_feed_head").set(newest as f64);

@@ -15,17 +15,25 @@
 use bc_core::Actor;
 use bc_core::acceptance::{self, AcceptanceStep};
 use bc_core::axes::ProvisionState;
-use bc_core::command::{Command, CommandKind, NewCommand};
+use bc_core::command::{CommandKind, NewCommand};
 use bc_core::ids::NodeId;
 use bc_core::node::NodeRecord;
 use bc_core::provision::ProvisionMove;
+use chrono::{DateTime, Utc};
 
-use super::{Applied, apply};
+use super::{Applied, apply_batch};
 use crate::error::ApiError;
 use crate::service::Services;
+use crate::service::node_changes::NodeChangeRequest;
 
 /// Nodes looked at per pass at most; the rest wait for the next tick.
 const MAX_PER_TICK: u64 = 2_000;
+/// Nodes written per transaction: diagnostics queued, nodes adopted or failed, first specs.
+/// A fleet coming up gives a pass a thousand nodes to move, and a transaction each (about
+/// 13 ms on the one SQLite writer) held adoption to a few dozen nodes a second while
+/// sessions and operators queued behind it. A batch this size commits in tens of
+/// milliseconds, so no one waits on the writer longer than that.
+const NODES_PER_TRANSACTION: usize = 250;
 
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct LifecycleReport {
@@ -38,6 +46,15 @@ pub struct LifecycleReport {
 pub struct LifecycleController {
     services: Services,
     actor: Actor,
+}
+
+/// A provision move acceptance decided for one node, waiting for its batch.
+struct DecidedMove {
+    node: NodeId,
+    version: i64,
+    cause: String,
+    action: ProvisionMove,
+    why: String,
 }
 
 impl LifecycleController {
@@ -55,6 +72,7 @@ impl LifecycleController {
         Ok(report)
     }
 
+    /// Decides every candidate first (reads only), then writes the decisions in batches.
     async fn acceptance(&mut self, report: &mut LifecycleReport) -> Result<(), ApiError> {
         let candidates = self
             .services
@@ -68,11 +86,25 @@ impl LifecycleController {
             .services
             .newest_commands_by(&ids, CommandKind::DiagNvml, &self.actor)
             .await?;
-        for candidate in candidates {
+        // A finished check from before the node's last provision move (a failed acceptance,
+        // then `recover`) judged the node in its previous life: the node gets a new one
+        // rather than failing again on old evidence.
+        let finished: Vec<_> = diagnostics
+            .iter()
+            .filter(|(_, check)| check.status.is_final())
+            .map(|(node, check)| (node.clone(), check.id.clone()))
+            .collect();
+        let stale = self
+            .services
+            .checks_queued_before_last_provision_move(&finished)
+            .await?;
+        let mut checks = Vec::new();
+        let mut moves = Vec::new();
+        for candidate in &candidates {
             let node = &candidate.node;
-            let diagnostic = self
-                .current_diagnostic(node, diagnostics.remove(&node.id))
-                .await?;
+            let diagnostic = diagnostics
+                .remove(&node.id)
+                .filter(|check| !stale.contains(&check.id));
             let step = acceptance::decide(
                 &candidate.policy,
                 &candidate.profile,
@@ -83,8 +115,8 @@ impl LifecycleController {
                 Some(check) => format!("acceptance:{}", check.id),
                 None => "acceptance".to_owned(),
             };
-            match step {
-                AcceptanceStep::Wait => {}
+            let (action, why) = match step {
+                AcceptanceStep::Wait => continue,
                 AcceptanceStep::QueueDiagnostic { level } => {
                     let new = NewCommand {
                         kind: CommandKind::DiagNvml,
@@ -94,65 +126,53 @@ impl LifecycleController {
                         ttl: None,
                         force: false,
                     };
-                    self.services
-                        .queue_command_as(&self.actor, node, new)
-                        .await?;
-                    report.checks_queued += 1;
+                    checks.push((node, new));
+                    continue;
                 }
-                AcceptanceStep::Adopt(why) => {
-                    let outcome = apply(
-                        &self.services,
-                        &self.actor,
-                        &node.id,
-                        node.version,
-                        &cause,
-                        |n, _, _| n.apply_move(ProvisionMove::Adopt, Some(&why)),
-                    )
-                    .await;
-                    if outcome == Applied::Changed {
-                        report.adopted += 1;
+                AcceptanceStep::Adopt(why) => (ProvisionMove::Adopt, why),
+                AcceptanceStep::Fail(why) => (ProvisionMove::Fail, why),
+            };
+            moves.push(DecidedMove {
+                node: node.id.clone(),
+                version: node.version,
+                cause,
+                action,
+                why,
+            });
+        }
+        for batch in checks.chunks(NODES_PER_TRANSACTION) {
+            let queued = self
+                .services
+                .queue_commands_as(&self.actor, batch.to_vec())
+                .await?;
+            report.checks_queued += queued.len();
+        }
+        for batch in moves.chunks_mut(NODES_PER_TRANSACTION) {
+            let requests = batch
+                .iter_mut()
+                .map(|decided| {
+                    let action = decided.action;
+                    let why = std::mem::take(&mut decided.why);
+                    NodeChangeRequest {
+                        id: decided.node.clone(),
+                        expected_version: decided.version,
+                        cause: std::mem::take(&mut decided.cause),
+                        change: move |n: &mut NodeRecord, _: &Actor, _: DateTime<Utc>| {
+                            n.apply_move(action, Some(&why))
+                        },
                     }
-                }
-                AcceptanceStep::Fail(why) => {
-                    let outcome = apply(
-                        &self.services,
-                        &self.actor,
-                        &node.id,
-                        node.version,
-                        &cause,
-                        |n, _, _| n.apply_move(ProvisionMove::Fail, Some(&why)),
-                    )
-                    .await;
-                    if outcome == Applied::Changed {
-                        report.failed += 1;
-                    }
+                })
+                .collect();
+            let outcomes = apply_batch(&self.services, &self.actor, requests).await;
+            for (decided, outcome) in batch.iter().zip(outcomes) {
+                match (decided.action, outcome) {
+                    (ProvisionMove::Adopt, Applied::Changed) => report.adopted += 1,
+                    (ProvisionMove::Fail, Applied::Changed) => report.failed += 1,
+                    _ => {}
                 }
             }
         }
         Ok(())
-    }
-
-    /// The newest `diag.nvml` acceptance queued for the node in its current life, given the
-    /// newest of all (`newest`): a finished one from before the node's last provision move (a
-    /// failed acceptance, then `recover`) judged the node in its previous life, so the node
-    /// gets a new one rather than failing again on old evidence. Only a finished check costs
-    /// a look at the log, and is acted on at once (the node is adopted, failed, or
-    /// given a new check).
-    async fn current_diagnostic(
-        &self,
-        node: &NodeRecord,
-        newest: Option<Command>,
-    ) -> Result<Option<Command>, ApiError> {
-        Ok(match newest {
-            Some(check) if check.status.is_final() => {
-                let stale = self
-                    .services
-                    .queued_before_last_provision_move(&node.id, &check.id)
-                    .await?;
-                (!stale).then_some(check)
-            }
-            other => other,
-        })
     }
 
     async fn node_spec(&mut self, report: &mut LifecycleReport) -> Result<(), ApiError> {
@@ -162,25 +182,27 @@ impl LifecycleController {
             .nodes_awaiting_first_spec(&states, MAX_PER_TICK)
             .await?;
         let actor = Actor::Controller("node-spec".into());
-        for (id, version) in waiting {
-            let outcome = apply(
-                &self.services,
-                &actor,
-                &id,
-                version,
-                "node-spec:initial",
-                |n, _, _| {
-                    Ok(if n.generation == 0 {
-                        n.bump_generation("first spec after acceptance")
-                    } else {
-                        Vec::new()
-                    })
-                },
-            )
-            .await;
-            if outcome == Applied::Changed {
-                report.specs_written += 1;
-            }
+        for batch in waiting.chunks(NODES_PER_TRANSACTION) {
+            let requests = batch
+                .iter()
+                .map(|(id, version)| NodeChangeRequest {
+                    id: id.clone(),
+                    expected_version: *version,
+                    cause: "node-spec:initial".to_owned(),
+                    change: |n: &mut NodeRecord, _: &Actor, _: DateTime<Utc>| {
+                        Ok(if n.generation == 0 {
+                            n.bump_generation("first spec after acceptance")
+                        } else {
+                            Vec::new()
+                        })
+                    },
+                })
+                .collect();
+            let outcomes = apply_batch(&self.services, &actor, requests).await;
+            report.specs_written += outcomes
+                .into_iter()
+                .filter(|outcome| *outcome == Applied::Changed)
+                .count();
         }
         Ok(())
     }

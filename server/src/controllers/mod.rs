@@ -42,9 +42,10 @@ pub use remediation::{RemediationController, RemediationReport};
 pub use workflow::{WorkflowController, WorkflowReport};
 
 use crate::config::LivenessConfig;
-use crate::error::ApiError;
+use crate::error::{ApiError, ApiResult};
 use crate::service::Services;
-use crate::service::node_changes::NodeTransition;
+use crate::service::node_changes::{NodeChangeRequest, NodeTransition};
+use std::collections::HashMap;
 
 /// What became of one node a controller tried to change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,10 +74,56 @@ where
     F: NodeTransition,
 {
     let everyone = |_: &NodeRecord| true;
-    match services
+    let result = services
         .apply_node_change(actor, id, Some(version), &everyone, cause, change)
+        .await;
+    judge(actor, id, version, cause, result)
+}
+
+/// [`apply`] for many nodes in one transaction ([`Services::apply_node_changes`]), each
+/// expecting the version its candidate query read; what became of each, in the order given.
+/// A batch that failed as a whole (a database error) is `Failed` for every node and logged
+/// once.
+pub(crate) async fn apply_batch<F>(
+    services: &Services,
+    actor: &Actor,
+    requests: Vec<NodeChangeRequest<F>>,
+) -> Vec<Applied>
+where
+    F: NodeTransition,
+{
+    let asked: Vec<(NodeId, i64, String)> = requests
+        .iter()
+        .map(|r| (r.id.clone(), r.expected_version, r.cause.clone()))
+        .collect();
+    let mut outcomes: HashMap<NodeId, ApiResult<NodeRecord>> = match services
+        .apply_node_changes(actor, requests)
         .await
     {
+        Ok(outcomes) => outcomes.into_iter().collect(),
+        Err(err) => {
+            tracing::warn!(%actor, nodes = asked.len(), code = err.code(), error = %err.message(), "a controller could not change a batch of nodes");
+            return vec![Applied::Failed; asked.len()];
+        }
+    };
+    asked
+        .into_iter()
+        .map(|(id, version, cause)| match outcomes.remove(&id) {
+            Some(result) => judge(actor, &id, version, &cause, result),
+            None => Applied::Failed,
+        })
+        .collect()
+}
+
+/// What became of one node change, logged as a controller logs it.
+fn judge(
+    actor: &Actor,
+    id: &NodeId,
+    version: i64,
+    cause: &str,
+    result: ApiResult<NodeRecord>,
+) -> Applied {
+    match result {
         Ok(after) if after.version > version => Applied::Changed,
         Ok(_) => Applied::Unchanged,
         Err(err @ (ApiError::Conflict { .. } | ApiError::NotFound(_))) => {

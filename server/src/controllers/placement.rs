@@ -9,6 +9,7 @@
 //! a retry that failed (a database error) or contention the placer skipped.
 
 use bc_core::Actor;
+use bc_core::event::RecordedEvent;
 use bc_core::ids::PoolId;
 use futures::StreamExt;
 use std::sync::Arc;
@@ -16,7 +17,7 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 
 use crate::error::ApiError;
-use crate::feed::{Feed, FeedEvent};
+use crate::feed::Feed;
 use crate::service::Services;
 
 /// The controller's name: events say `controller:placement`.
@@ -59,22 +60,36 @@ impl PlacementController {
     }
 }
 
-/// The pool an event concerns: its node's pool, or the pool in its data (placement events).
-fn pool_of(event: &FeedEvent) -> Option<PoolId> {
-    if let Some(node) = &event.node {
-        return node.record.pool_id.clone();
+/// Asks for the retry an event calls for, if it may free capacity: of the pool in its data
+/// (placement events), else of its node's pool.
+fn request_retry(services: &Services, event: &RecordedEvent) {
+    if !bc_core::placement::may_free_capacity(event.event_type) {
+        return;
     }
-    event
-        .event
+    let pool = event
         .data
         .get("poolId")
         .and_then(serde_json::Value::as_str)
-        .and_then(|p| PoolId::parse(p).ok())
+        .and_then(|p| PoolId::parse(p).ok());
+    match (pool, &event.node_id) {
+        (Some(pool), _) => services.placement_retry.request(&pool),
+        (None, Some(node)) => services.placement_retry.request_for_node(node),
+        (None, None) => {}
+    }
 }
 
 /// Retries the pending reservations of every pool asked for, once each.
 async fn retry_requested(services: &Services, actor: &Actor) {
-    for pool in services.placement_retry.take() {
+    let asked = services.placement_retry.take();
+    let pools = match services.pools_to_retry(asked).await {
+        Ok(pools) => pools,
+        Err(err) => {
+            // Asked again by the next event, or by the safety sweep.
+            tracing::warn!(code = err.code(), message = %err.message(), "finding the pools to retry failed");
+            return;
+        }
+    };
+    for pool in pools {
         match services.place_pending(&pool, actor).await {
             Ok(report) => {
                 if report.placed > 0 {
@@ -135,18 +150,12 @@ pub fn spawn_retry_loop(services: Services, feed: Arc<Feed>) -> JoinHandle<()> {
                     continue;
                 }
             };
-            let events = feed.subscribe(services.clone(), start);
+            let events = feed.subscribe_events(services.clone(), start);
             tokio::pin!(events);
             let mut failed = false;
             while let Some(item) = events.next().await {
                 match item {
-                    Ok(event) => {
-                        if bc_core::placement::may_free_capacity(event.event.event_type)
-                            && let Some(pool) = pool_of(&event)
-                        {
-                            services.placement_retry.request(&pool);
-                        }
-                    }
+                    Ok(event) => request_retry(&services, &event),
                     Err(err) => {
                         // Fell behind the feed: a full sweep replaces the events missed.
                         tracing::debug!(code = err.code(), "the placement loop resumes the feed");

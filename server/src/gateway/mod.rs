@@ -172,7 +172,7 @@ async fn route_command_events(
 ) {
     use futures::StreamExt;
     loop {
-        let events = feed.subscribe(services.clone(), feed.head());
+        let events = feed.subscribe_events(services.clone(), feed.head());
         tokio::pin!(events);
         loop {
             let item = tokio::select! {
@@ -180,8 +180,7 @@ async fn route_command_events(
                 _ = shutdown.changed() => return,
             };
             match item {
-                Some(Ok(event)) => {
-                    let e = &event.event;
+                Some(Ok(e)) => {
                     let wakes_session = matches!(
                         e.event_type,
                         EventType::CommandQueued

@@ -646,7 +646,9 @@ impl PlacementSubscription {
             None => services.event_head().await?,
         };
         let expires_at = principal.expires_at;
-        let events = feed.subscribe(services.clone(), start);
+        // Reservation updates carry the reservation, never a node: they follow the feed
+        // without nodes, which costs it nothing to serve.
+        let events = feed.subscribe_events(services.clone(), start);
         let stream = async_stream::stream! {
             tokio::pin!(events);
             while let Some(item) = events.next().await {
@@ -654,10 +656,10 @@ impl PlacementSubscription {
                     Ok(event) => event,
                     Err(err) => { yield Err(err.into()); return; }
                 };
-                let e = &event.event;
+                let e = &*event;
                 let spelling = e.event_type.as_static_str();
                 let placement = spelling.starts_with("reservation.") || spelling.starts_with("allocation.");
-                if !placement || !visible(&principal, &event) {
+                if !placement || !visible(&principal, e) {
                     continue;
                 }
                 let Some(id) = e.cause.as_deref().and_then(|c| ReservationId::parse(c).ok()) else { continue };

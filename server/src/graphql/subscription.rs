@@ -4,7 +4,7 @@
 //! Every stream ends when the caller's token expires.
 
 use async_graphql::{Context, Enum, ID, SimpleObject, Subscription};
-use bc_core::event::Axis;
+use bc_core::event::{Axis, RecordedEvent};
 use bc_core::ids::EventId;
 use chrono::{DateTime, Utc};
 use futures::{Stream, StreamExt};
@@ -92,8 +92,8 @@ fn axis_change(feed_event: &FeedEvent) -> AxisChange {
 
 /// Whether `principal` may see this event: the one tenancy rule, [`Principal::can_see`],
 /// applied to the event's tenant.
-pub(super) fn visible(principal: &Principal, event: &FeedEvent) -> bool {
-    principal.can_see(event.event.tenant_id.as_ref())
+pub(super) fn visible(principal: &Principal, event: &RecordedEvent) -> bool {
+    principal.can_see(event.tenant_id.as_ref())
 }
 
 /// Ends `stream` with `UNAUTHENTICATED` when the token expires.
@@ -185,7 +185,7 @@ async fn node_change_stream(
                 Err(err) => { yield Err(err.into()); return; }
                 Ok(event) => {
                     if let Some(version) = event.node_not_recorded
-                        && visible(&principal, &event)
+                        && visible(&principal, &event.event)
                     {
                         // Written before events carried rebuild data: say so for this change
                         // rather than show today's node, and go on.
@@ -200,7 +200,7 @@ async fn node_change_stream(
                         continue;
                     }
                     let Some(node) = &event.node else { continue };
-                    if !visible(&principal, &event) || !filter.matches(node) {
+                    if !visible(&principal, &event.event) || !filter.matches(node) {
                         continue;
                     }
                     if only_axis.is_some_and(|axis| event.event.axis != Some(axis)) {
@@ -305,7 +305,9 @@ impl SubscriptionRoot {
         let node_id = node.map(|n| n.to_string());
         let command_id = command.map(|c| c.to_string());
         let expires_at = principal.expires_at;
-        let events = feed.subscribe(services.clone(), start);
+        // Command updates carry the command, never a node: they follow the feed without
+        // nodes.
+        let events = feed.subscribe_events(services.clone(), start);
         let stream = async_stream::stream! {
             for command in snapshot {
                 yield Ok(CommandUpdate {
@@ -323,9 +325,9 @@ impl SubscriptionRoot {
                     Ok(event) => event,
                     Err(err) => { yield Err(err.into()); return; }
                 };
-                let e = &event.event;
+                let e = &*event;
                 let wanted = e.axis == Some(Axis::Command)
-                    && visible(&principal, &event)
+                    && visible(&principal, e)
                     && node_id.as_ref().is_none_or(|n| e.node_id.as_ref().is_some_and(|id| id.as_str() == n.as_str()))
                     && command_id.as_ref().is_none_or(|c| e.cause.as_ref() == Some(c));
                 if !wanted {
@@ -414,14 +416,17 @@ impl SubscriptionRoot {
             _ => Vec::new(),
         };
         let expires_at = principal.expires_at;
-        let live = feed.subscribe(services, start).filter_map(move |item| {
-            let out = match item {
-                Err(err) => Some(Err(err.into())),
-                Ok(event) => (visible(&principal, &event) && filter.matches(&event.event))
-                    .then(|| Ok(Event(event.event.clone()))),
-            };
-            futures::future::ready(out)
-        });
+        // The log's entries carry no node: they follow the feed without nodes.
+        let live = feed
+            .subscribe_events(services, start)
+            .filter_map(move |item| {
+                let out = match item {
+                    Err(err) => Some(Err(err.into())),
+                    Ok(event) => (visible(&principal, &event) && filter.matches(&event))
+                        .then(|| Ok(Event(RecordedEvent::clone(&event)))),
+                };
+                futures::future::ready(out)
+            });
         let stream = futures::stream::iter(backlog.into_iter().map(|e| Ok(Event(e)))).chain(live);
         Ok(until_expiry(stream, expires_at))
     }

@@ -108,25 +108,48 @@ impl Services {
         node: &bc_core::node::NodeRecord,
         new: NewCommand,
     ) -> ApiResult<Command> {
-        if new.kind.destructive() {
+        let mut queued = self.queue_commands_as(actor, vec![(node, new)]).await?;
+        queued
+            .pop()
+            .ok_or_else(|| ApiError::Internal(anyhow::anyhow!("queueing one command queued none")))
+    }
+
+    /// [`Services::queue_command_as`] for many nodes in one transaction, all or nothing: a
+    /// controller that queues a check for each of a thousand nodes commits once.
+    pub async fn queue_commands_as(
+        &self,
+        actor: &Actor,
+        requests: Vec<(&bc_core::node::NodeRecord, NewCommand)>,
+    ) -> ApiResult<Vec<Command>> {
+        if let Some((_, new)) = requests.iter().find(|(_, new)| new.kind.destructive()) {
             return Err(ApiError::Forbidden(format!(
                 "controllers do not send destructive commands ({})",
                 new.kind
             )));
         }
+        if requests.is_empty() {
+            return Ok(Vec::new());
+        }
         let now = self.clock.now();
-        let command = Command::new(
-            new,
-            node.id.clone(),
-            node.owner_tenant_id.clone(),
-            actor.clone(),
-            now,
-        )?;
+        let queued = requests
+            .into_iter()
+            .map(|(node, new)| {
+                Command::new(
+                    new,
+                    node.id.clone(),
+                    node.owner_tenant_id.clone(),
+                    actor.clone(),
+                    now,
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let txn = self.store.write().await?;
-        commands::insert(&*txn, std::slice::from_ref(&command)).await?;
-        events::append_command(&txn, &command, None, actor, now);
+        commands::insert(&*txn, &queued).await?;
+        for command in &queued {
+            events::append_command(&txn, command, None, actor, now);
+        }
         txn.commit().await?;
-        Ok(command)
+        Ok(queued)
     }
 
     /// Cancels a command that has not ended.

@@ -115,10 +115,10 @@ impl Services {
         let controller = Actor::Controller("inventory".into());
         let now = self.clock.now();
         let sections = inventory::sections(&**txn, node_id).await?;
-        let node = nodes::load(&**txn, node_id, false)
+        let (_, pool_id) = nodes::generation_and_pool(&**txn, node_id)
             .await?
             .ok_or_else(|| ApiError::NotFound(format!("node `{node_id}` does not exist")))?;
-        let profile = match &node.pool_id {
+        let profile = match &pool_id {
             Some(pool_id) => catalog::pool(&**txn, pool_id)
                 .await?
                 .map(|p| p.hardware_profile)

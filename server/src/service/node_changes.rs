@@ -28,6 +28,15 @@ impl<F> NodeTransition for F where
 {
 }
 
+/// One node change of a batch ([`Services::apply_node_changes`]): the node, the `version`
+/// the caller read, why (the events' cause), and the transition.
+pub struct NodeChangeRequest<F> {
+    pub id: NodeId,
+    pub expected_version: i64,
+    pub cause: String,
+    pub change: F,
+}
+
 impl Services {
     /// The common shape of every node mutation by a person: check the role, then
     /// [`Services::apply_node_change`] with the principal's visibility and version.
@@ -82,6 +91,67 @@ impl Services {
         txn.commit().await?;
         self.after_node_commit(&after, &changes);
         Ok(after)
+    }
+
+    /// Many controller changes in one transaction, one commit for all: while a fleet comes
+    /// up, a controller has a thousand nodes to move, and a transaction each kept SQLite's
+    /// one writer (which sessions and operators wait on) busy with commits.
+    ///
+    /// Each item is [`Services::change_node_in`] with the `version` its caller read. Every
+    /// node of the batch is locked first, in id order, before anything is written (the lock
+    /// order of ARCHITECTURE.md's Invariants: node rows before any other row). It is meant
+    /// for transitions that write node rows only (acceptance, first specs); one that also
+    /// locks other rows (a replaced identity's session, an eviction's reservations) locks
+    /// them node by node, after every node lock. An item refused before it wrote anything
+    /// (`CONFLICT`, `NOT_FOUND`, a domain rule) is answered with its error and the rest go
+    /// on; an error after an item wrote (a database error, mostly) rolls the whole batch back
+    /// and is the answer, since committing half of one node's change is never right.
+    pub async fn apply_node_changes<F>(
+        &self,
+        actor: &Actor,
+        mut items: Vec<NodeChangeRequest<F>>,
+    ) -> ApiResult<Vec<(NodeId, ApiResult<NodeRecord>)>>
+    where
+        F: NodeTransition,
+    {
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        items.sort_by(|a, b| a.id.cmp(&b.id));
+        let everyone = |_: &NodeRecord| true;
+        let txn = self.store.write().await?;
+        let ids: Vec<NodeId> = items.iter().map(|item| item.id.clone()).collect();
+        nodes::lock_many(&*txn, &ids).await?;
+        let mut outcomes = Vec::with_capacity(items.len());
+        let mut committed = Vec::new();
+        for item in items {
+            let written_before = txn.pending_events();
+            match self
+                .change_node_in(
+                    &txn,
+                    actor,
+                    &item.id,
+                    Some(item.expected_version),
+                    &everyone,
+                    &item.cause,
+                    item.change,
+                )
+                .await
+            {
+                Ok((after, changes)) => {
+                    outcomes.push((item.id, Ok(after.clone())));
+                    committed.push((after, changes));
+                }
+                Err(err @ ApiError::Internal(_)) => return Err(err),
+                Err(err) if txn.pending_events() != written_before => return Err(err),
+                Err(err) => outcomes.push((item.id, Err(err))),
+            }
+        }
+        txn.commit().await?;
+        for (after, changes) in &committed {
+            self.after_node_commit(after, changes);
+        }
+        Ok(outcomes)
     }
 
     /// The heart of every node change, inside the caller's transaction: lock the row, check

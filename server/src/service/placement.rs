@@ -374,6 +374,22 @@ impl Services {
         Ok(store::pools_with_pending(self.store.db()).await?)
     }
 
+    /// The pools a retry asked for, and those of the nodes it asked for that have pending
+    /// reservations: the ones worth a placement pass. The nodes' pools are not looked up
+    /// while no reservation waits anywhere, which is most of a fleet's bring-up.
+    pub async fn pools_to_retry(&self, asked: RetryAsked) -> ApiResult<Vec<PoolId>> {
+        let mut pools = asked.pools;
+        if !asked.nodes.is_empty() {
+            let pending = self.pools_with_pending().await?;
+            if !pending.is_empty() {
+                let nodes: Vec<NodeId> = asked.nodes.into_iter().collect();
+                let of_nodes = super::store::nodes::pools_of(self.store.db(), &nodes).await?;
+                pools.extend(pending.into_iter().filter(|p| of_nodes.contains(p)));
+            }
+        }
+        Ok(pools.into_iter().collect())
+    }
+
     /// The placer, inside the caller's transaction, on a reservation the caller locked.
     pub(super) async fn place_in(
         &self,
@@ -671,33 +687,44 @@ fn append_move(
 /// met contended rows.
 #[derive(Debug, Default)]
 pub struct PlacementRetry {
-    pools: std::sync::Mutex<std::collections::BTreeSet<PoolId>>,
+    asked: std::sync::Mutex<RetryAsked>,
     wake: tokio::sync::Notify,
+}
+
+/// What the retry loop has been asked to retry: pools, and nodes whose pool it looks up
+/// when it runs (the feed's events name their node, not its pool).
+#[derive(Debug, Default)]
+pub struct RetryAsked {
+    pub pools: std::collections::BTreeSet<PoolId>,
+    pub nodes: std::collections::BTreeSet<NodeId>,
 }
 
 impl PlacementRetry {
     /// Asks for a retry of `pool`'s pending reservations.
     pub fn request(&self, pool: &PoolId) {
-        let inserted = self
-            .pools
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(pool.clone());
+        let inserted = self.asked().pools.insert(pool.clone());
         if inserted {
             self.wake.notify_one();
         }
     }
 
-    /// The pools asked for since the last call.
-    pub fn take(&self) -> Vec<PoolId> {
-        std::mem::take(
-            &mut *self
-                .pools
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        )
-        .into_iter()
-        .collect()
+    /// Asks for a retry of the pending reservations of `node`'s pool.
+    pub fn request_for_node(&self, node: &NodeId) {
+        let inserted = self.asked().nodes.insert(node.clone());
+        if inserted {
+            self.wake.notify_one();
+        }
+    }
+
+    /// What was asked for since the last call.
+    pub fn take(&self) -> RetryAsked {
+        std::mem::take(&mut *self.asked())
+    }
+
+    fn asked(&self) -> std::sync::MutexGuard<'_, RetryAsked> {
+        self.asked
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Waits until a retry is requested.

@@ -120,9 +120,11 @@ impl Services {
 
     /// The node's current spec generation (what the gateway sends as `spec`).
     pub async fn spec_generation(&self, node_id: &NodeId) -> ApiResult<i64> {
-        Ok(nodes::load(&self.store.read().await?, node_id, false)
-            .await?
-            .map_or(0, |n| n.generation))
+        Ok(
+            nodes::generation_and_pool(&self.store.read().await?, node_id)
+                .await?
+                .map_or(0, |(generation, _)| generation),
+        )
     }
 
     /// The daemon converged spec `generation`: the node's `observedGeneration`.

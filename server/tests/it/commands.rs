@@ -659,3 +659,30 @@ async fn a_command_change_that_loses_a_race_is_judged_on_the_winners_status() {
     })
     .await;
 }
+
+/// A command to thousands of nodes is queued for every one of them: their rows are inserted
+/// in several statements, since one INSERT of 3,000 commands binds more parameters than
+/// either database accepts in one statement.
+#[tokio::test]
+async fn a_command_to_thousands_of_nodes_is_queued_for_each() {
+    const TARGETS: usize = 3_000;
+    each_backend(async |s| {
+        let place = crate::common::site_and_pool(s).await;
+        let nodes: Vec<_> = (0..TARGETS)
+            .map(|_| crate::common::node_record(s, &place, bc_core::axes::ProvisionState::Deployed))
+            .collect();
+        s.insert_nodes(&nodes).await;
+        let sent = s
+            .admin(
+                "mutation($pool: ID!) { sendCommand(input: {filter: {poolId: [$pool]}, kind: LOGS_COLLECT}) { commands { id } } }",
+                json!({"pool": place.1.to_string()}),
+            )
+            .await;
+        assert_eq!(sent["sendCommand"]["commands"].as_array().unwrap().len(), TARGETS);
+        let stored = s
+            .admin("{ commands(filter: {kind: [LOGS_COLLECT]}, first: 1) { totalCount } }", json!({}))
+            .await;
+        assert_eq!(stored["commands"]["totalCount"], TARGETS);
+    })
+    .await;
+}

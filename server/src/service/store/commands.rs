@@ -87,14 +87,18 @@ fn row(c: &Command) -> command::ActiveModel {
 }
 
 pub async fn insert(conn: &impl ConnectionTrait, commands: &[Command]) -> anyhow::Result<()> {
-    if commands.is_empty() {
-        return Ok(());
+    for chunk in commands.chunks(COMMANDS_PER_INSERT) {
+        command::Entity::insert_many(chunk.iter().map(row))
+            .exec_without_returning(conn)
+            .await?;
     }
-    command::Entity::insert_many(commands.iter().map(row))
-        .exec_without_returning(conn)
-        .await?;
     Ok(())
 }
+
+/// Commands per INSERT. A command row has 22 columns, and SQLite binds at most 32,766
+/// parameters per statement (PostgreSQL 65,535): one INSERT of a `sendCommand` to its
+/// 10,000-node limit would be refused.
+const COMMANDS_PER_INSERT: usize = 1_000;
 
 /// Writes `after` if the row still has `before_status` (a compare-and-set on the status, so
 /// of two racing changes, say a cancel and a result, exactly one wins). Returns whether it did.

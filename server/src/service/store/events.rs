@@ -425,27 +425,52 @@ pub async fn node_version_at(
     Ok(version.flatten())
 }
 
-/// The node's newest event of `event_type` (with this `cause`, if given), if any: an indexed
-/// lookup by node, newest first.
-pub async fn latest_of_type(
+/// For many nodes at once, the sequence number of each node's newest event of `event_type`,
+/// keyed by `key`: the node, or the event's cause (a command's id, for `command.*` events).
+/// `causes`, if given, limits the events to those causes. Nodes without such an event are
+/// absent. One grouped query per chunk of nodes, walking each node's events by the
+/// `(node_id, seq)` index, where a query per node cost a round trip each.
+pub async fn newest_seqs_of_type(
     conn: &impl ConnectionTrait,
-    node_id: &str,
+    node_ids: &[&str],
     event_type: EventType,
-    cause: Option<&str>,
-) -> anyhow::Result<Option<RecordedEvent>> {
-    let mut select = event::Entity::find()
-        .filter(event::Column::NodeId.eq(node_id))
-        .filter(event::Column::EventType.eq(event_type.as_static_str()));
-    if let Some(cause) = cause {
-        select = select.filter(event::Column::Cause.eq(cause));
+    causes: Option<&[&str]>,
+    key: SeqKey,
+) -> anyhow::Result<std::collections::HashMap<String, i64>> {
+    let key_column = match key {
+        SeqKey::Node => event::Column::NodeId,
+        SeqKey::Cause => event::Column::Cause,
+    };
+    let mut newest = std::collections::HashMap::new();
+    for chunk in node_ids.chunks(IDS_PER_QUERY) {
+        let mut select = event::Entity::find()
+            .select_only()
+            .column(key_column)
+            .column_as(event::Column::Seq.max(), "seq")
+            .filter(event::Column::NodeId.is_in(chunk.iter().copied()))
+            .filter(event::Column::EventType.eq(event_type.as_static_str()));
+        if let Some(causes) = causes {
+            select = select.filter(event::Column::Cause.is_in(causes.iter().copied()));
+        }
+        let rows = select
+            .group_by(key_column)
+            .into_tuple::<(Option<String>, i64)>()
+            .all(conn)
+            .await?;
+        newest.extend(rows.into_iter().filter_map(|(k, seq)| Some((k?, seq))));
     }
-    select
-        .order_by_desc(event::Column::Seq)
-        .one(conn)
-        .await?
-        .map(recorded_event)
-        .transpose()
+    Ok(newest)
 }
+
+/// What [`newest_seqs_of_type`] groups by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeqKey {
+    Node,
+    Cause,
+}
+
+/// Ids per `IN (…)` list: far below SQLite's and PostgreSQL's bound-parameter limits.
+const IDS_PER_QUERY: usize = 1_000;
 
 /// Appends the event of one command status change (`command.<status>`), written when `txn`
 /// commits.

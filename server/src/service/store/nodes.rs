@@ -53,6 +53,75 @@ pub async fn lock(conn: &impl ConnectionTrait, id: &NodeId) -> anyhow::Result<bo
     Ok(row.is_some())
 }
 
+/// A live or deleted node's spec generation and pool, without the rest of the node (one
+/// statement where [`load`] takes five): what a session's hello and an inventory report ask
+/// of the node before they change it. `None` if the node does not exist.
+pub async fn generation_and_pool(
+    conn: &impl ConnectionTrait,
+    id: &NodeId,
+) -> anyhow::Result<Option<(i64, Option<bc_core::ids::PoolId>)>> {
+    let row = node::Entity::find_by_id(id.to_string())
+        .select_only()
+        .column(node::Column::Generation)
+        .column(node::Column::PoolId)
+        .into_tuple::<(i64, Option<String>)>()
+        .one(conn)
+        .await?;
+    row.map(|(generation, pool)| {
+        let pool = pool
+            .map(|p| bc_core::ids::PoolId::parse(&p).map_err(|e| anyhow!("pool id `{p}`: {e}")))
+            .transpose()?;
+        Ok((generation, pool))
+    })
+    .transpose()
+}
+
+/// The pools these nodes are in (nodes in no pool add nothing), in one query per thousand
+/// nodes.
+pub async fn pools_of(
+    conn: &impl ConnectionTrait,
+    ids: &[NodeId],
+) -> anyhow::Result<std::collections::BTreeSet<bc_core::ids::PoolId>> {
+    let mut pools = std::collections::BTreeSet::new();
+    for chunk in ids.chunks(1_000) {
+        let rows = node::Entity::find()
+            .select_only()
+            .column(node::Column::PoolId)
+            .distinct()
+            .filter(node::Column::Id.is_in(chunk.iter().map(ToString::to_string)))
+            .filter(node::Column::PoolId.is_not_null())
+            .into_tuple::<Option<String>>()
+            .all(conn)
+            .await?;
+        for pool in rows.into_iter().flatten() {
+            pools.insert(
+                bc_core::ids::PoolId::parse(&pool).map_err(|e| anyhow!("pool id `{pool}`: {e}"))?,
+            );
+        }
+    }
+    Ok(pools)
+}
+
+/// Locks several node rows until the transaction ends, in id order (the lock order of
+/// ARCHITECTURE.md's Invariants), without reading them: a batch of node changes takes all
+/// its node locks before it writes anything else.
+pub async fn lock_many(conn: &impl ConnectionTrait, ids: &[NodeId]) -> anyhow::Result<()> {
+    let mut sorted: Vec<String> = ids.iter().map(ToString::to_string).collect();
+    sorted.sort();
+    for chunk in sorted.chunks(1_000) {
+        let select = node::Entity::find()
+            .select_only()
+            .column(node::Column::Id)
+            .filter(node::Column::Id.is_in(chunk.iter().cloned()))
+            .order_by_asc(node::Column::Id);
+        super::lock_for_update(select, conn)
+            .into_tuple::<String>()
+            .all(conn)
+            .await?;
+    }
+    Ok(())
+}
+
 /// The child rows (labels, taints, conditions, reasons) of several nodes, four queries in all.
 async fn load_children(
     conn: &impl ConnectionTrait,
