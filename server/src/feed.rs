@@ -268,6 +268,10 @@ async fn tail(
             let Some(newest) = batch.last().map(Sequenced::seq) else {
                 break;
             };
+            // A short batch is all there was: a commit after the read has woken the tailer
+            // again (`notify_one` keeps a permit), so reading once more to find nothing is
+            // a wasted query per commit.
+            let drained = (batch.len() as u64) < READ_BATCH;
             // Nodes are attached only for a subscriber that is there now. One that subscribes
             // after this check replays this batch from the table (it was committed before
             // it was read here), with nodes, before following the broadcast.
@@ -290,6 +294,9 @@ async fn tail(
             }
             feed.head.send_replace(newest);
             metrics::gauge!("bc_feed_head").set(newest as f64);
+            if drained {
+                break;
+            }
         }
         tokio::select! {
             () = wake.notified() => {}

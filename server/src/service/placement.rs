@@ -74,6 +74,24 @@ pub struct ReservationPage {
     pub has_next_page: bool,
 }
 
+/// `BAD_USER_INPUT` if no live node of the reservation's pool has as many healthy GPUs (of
+/// its model, if given) as it asks for per node: it could never be placed.
+async fn refuse_larger_than_any_node(txn: &WriteTxn, new: &NewReservation) -> ApiResult<()> {
+    let largest = store::largest_node(&**txn, &new.pool_id, new.shape.gpu_model.as_deref()).await?;
+    if largest > 0 && largest < i64::from(new.shape.gpus_per_node) {
+        return Err(ApiError::BadUserInput(format!(
+            "no node of pool `{}` has {} healthy GPUs{}: the largest has {largest}",
+            new.pool_id,
+            new.shape.gpus_per_node,
+            new.shape
+                .gpu_model
+                .as_ref()
+                .map_or_else(String::new, |m| format!(" of model {m}")),
+        )));
+    }
+    Ok(())
+}
+
 /// What one attempt to place a reservation did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Placed {
@@ -145,19 +163,6 @@ impl Services {
         {
             return same_request(existing, &new);
         }
-        let largest =
-            store::largest_node(&*txn, &new.pool_id, new.shape.gpu_model.as_deref()).await?;
-        if largest > 0 && largest < i64::from(new.shape.gpus_per_node) {
-            return Err(ApiError::BadUserInput(format!(
-                "no node of pool `{}` has {} healthy GPUs{}: the largest has {largest}",
-                new.pool_id,
-                new.shape.gpus_per_node,
-                new.shape
-                    .gpu_model
-                    .as_ref()
-                    .map_or_else(String::new, |m| format!(" of model {m}")),
-            )));
-        }
         let now = self.clock.now();
         let (mut reservation, created) = Reservation::new(new.clone(), actor.clone(), now)?;
         if !store::insert_reservation(&*txn, &reservation).await? {
@@ -172,6 +177,13 @@ impl Services {
         }
         append_move(&txn, &reservation, &created, &actor, now);
         let placed = self.place_in(&txn, &mut reservation, &actor).await?;
+        // A shape larger than any node of the pool is bad input, and the transaction is
+        // dropped with nothing written. Only a reservation that stays pending can be one: a
+        // booked one fitted. Asked only then, because the question walks every device of
+        // the pool (1.5 s per create at 10,000 nodes on PostgreSQL, under load).
+        if placed != Placed::Booked {
+            refuse_larger_than_any_node(&txn, &new).await?;
+        }
         txn.commit().await?;
         if placed == (Placed::StillPending { contended: true }) {
             self.placement_retry.request(&reservation.pool_id);
