@@ -993,6 +993,7 @@ impl MetalFleet {
             errors: 0,
         };
         let known = fleet.nodes().await?;
+        let mut errors = 0;
         for spec in &fleet.specs {
             if known.contains_key(&spec.hostname) {
                 continue;
@@ -1018,7 +1019,7 @@ impl MetalFleet {
                 )
                 .await;
             if let Err(err) = enrolled {
-                fleet.errors += 1;
+                errors += 1;
                 tracing::warn!(hostname = %spec.hostname, error = %err.message(), "a simulated machine could not be enrolled");
             }
         }
@@ -1037,10 +1038,11 @@ impl MetalFleet {
                 )
                 .await;
             if let Err(err) = moved {
-                fleet.errors += 1;
+                errors += 1;
                 tracing::warn!(%hostname, error = %err.message(), "a simulated machine's inspection could not start");
             }
         }
+        fleet.errors = errors;
         Ok(fleet)
     }
 
