@@ -694,13 +694,13 @@ async fn system_patch(
         let Some(boot) = body.get("Boot") else {
             return redfish_error(StatusCode::BAD_REQUEST, "only Boot can be changed");
         };
-        let field = |name: &str, allowed: &[&str]| -> Result<Option<String>, Response> {
+        let field = |name: &str, allowed: &[&str]| -> Result<Option<String>, String> {
             match boot.get(name) {
                 None => Ok(None),
                 Some(Value::String(v)) if allowed.contains(&v.as_str()) => Ok(Some(v.clone())),
-                Some(other) => Err(redfish_error(
-                    StatusCode::BAD_REQUEST,
-                    &format!("{name} {other} is not one of {}", allowed.join(", ")),
+                Some(other) => Err(format!(
+                    "{name} {other} is not one of {}",
+                    allowed.join(", ")
                 )),
             }
         };
@@ -709,7 +709,9 @@ async fn system_patch(
             field("BootSourceOverrideEnabled", BOOT_ENABLED),
         ) {
             (Ok(target), Ok(enabled)) => (target, enabled),
-            (Err(answer), _) | (_, Err(answer)) => return answer,
+            (Err(why), _) | (_, Err(why)) => {
+                return redfish_error(StatusCode::BAD_REQUEST, &why);
+            }
         };
         if let Some(target) = target {
             s.firmware.boot_target = target;
