@@ -4,7 +4,7 @@
 //   test.beforeAll(async () => { fleet = await startFleet({ sim: 3 }); });
 //   test.afterAll(async () => { await fleet?.stop(); });
 //
-// It runs `better-compute dev --sim N [--sim-mixed]` (the release binary: BC_BIN, else
+// It runs `better-compute dev --sim N [--sim-mixed] [--sim-metal M]` (the release binary: BC_BIN, else
 // `${CARGO_TARGET_DIR:-/var/tmp/better-compute-ci-target}/release/better-compute`) from the
 // repository root, so the server serves the dashboard from web/dist, with its own temporary
 // data directory (a fresh SQLite database, CA and JWT secret) and free loopback ports for the
@@ -25,6 +25,10 @@ export interface FleetOptions {
   mixed?: boolean;
   /** `--sim-faults-after`: when the GPUs of `mixed` fail in service, in seconds. */
   faultsAfterSecs?: number;
+  /** `--sim-metal N`: simulated bare-metal machines behind simulated Redfish BMCs, enrolled
+   * into the `dev-metal` pool (hostnames `metal-0001`, …) and walked to `ready` by the
+   * workflows (about 30 s on these machines). Independent of `sim`. */
+  simMetal?: number;
   /** More configuration for the server, as `BC_…` environment variables. */
   env?: Record<string, string>;
   /** How long to wait for the sign-in link (default 60 s). */
@@ -117,6 +121,7 @@ export async function startFleet(options: FleetOptions): Promise<Fleet> {
   const args = ['dev', '--sim', String(options.sim)];
   if (options.mixed) args.push('--sim-mixed');
   if (options.faultsAfterSecs !== undefined) args.push('--sim-faults-after', String(options.faultsAfterSecs));
+  if (options.simMetal !== undefined) args.push('--sim-metal', String(options.simMetal));
   const child = spawn(bin, args, { cwd: repoRoot, env, stdio: ['ignore', 'pipe', 'pipe'] });
   running.add(child);
 

@@ -4,16 +4,20 @@ use anyhow::Context;
 use bc_core::axes::{PoolKind, SiteKind};
 use bc_core::catalog::HardwareProfile;
 use bc_core::clock::SystemClock;
-use bc_core::ids::{PoolId, TenantId};
+use bc_core::ids::{PoolId, SiteId, TenantId};
+use bc_testing::metal::ensure_metal_pool;
 use bc_testing::sim::MIXED_FAULT_AFTER;
 use bc_testing::workload::WORKLOAD_TENANT;
-use bc_testing::{CaTrust, Progress, SimOptions, WorkloadOptions, run_sim, run_workload};
+use bc_testing::{
+    CaTrust, DaemonKnobs, GatewayContext, MetalFleet, MetalOptions, MetalPlace, MetalProgress,
+    Progress, SimOptions, WorkloadOptions, run_sim, run_workload,
+};
 use better_compute::app::{self, RunningServer};
 use better_compute::auth::{Principal, Role, TokenKeys};
 use better_compute::config::Config;
 use better_compute::service::NodeFilter;
 use better_compute::service::catalog::NewPool;
-use better_compute::service::join::NewJoinToken;
+use better_compute::service::join::{MAX_JOIN_TOKEN_LIFETIME, MAX_JOIN_TOKEN_USES, NewJoinToken};
 use better_compute::{graphql, telemetry};
 use clap::{Parser, Subcommand};
 use std::io::Write;
@@ -64,6 +68,11 @@ enum Command {
         /// summary every 10 s.
         #[arg(long, value_name = "R", requires = "sim")]
         workload: Option<f64>,
+        /// Simulated bare-metal machines behind simulated Redfish BMCs: enrolled by their
+        /// BMCs into the `dev-metal` pool, then inspected and commissioned to `ready` by
+        /// the Workflow and Power controllers. Independent of --sim.
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        sim_metal: usize,
     },
     /// Points simulated nodes at a running server's gateway.
     Sim {
@@ -131,6 +140,7 @@ async fn main() -> anyhow::Result<()> {
             sim_faults_after,
             token_hours,
             workload,
+            sim_metal,
         } => {
             start_logging(&config);
             let workload = workload
@@ -138,7 +148,7 @@ async fn main() -> anyhow::Result<()> {
                 .transpose()
                 .context("--workload")?;
             let options = sim_options(sim_gpus, sim_mixed, Duration::from_secs(sim_faults_after));
-            dev(&config, sim, options, token_hours, workload).await
+            dev(&config, sim, options, sim_metal, token_hours, workload).await
         }
         Command::Sim {
             server,
@@ -240,11 +250,18 @@ const DEV_FLEET_SEED: u64 = 0x00bc_de00;
 /// The names of what `dev --sim` creates (once; later runs reuse them).
 const DEV_SITE: &str = "dev";
 const DEV_POOL: &str = "dev-gpu";
+/// The bare-metal pool of `dev --sim-metal` (power through Redfish), in the dev site.
+const DEV_METAL_POOL: &str = "dev-metal";
+/// The seed of `dev --sim-metal`'s machines: the same machines every run.
+const DEV_METAL_SEED: u64 = 0x00bc_3e7a;
+/// Where, in the data directory, the simulated BMCs keep their port, CA and machines' power.
+const DEV_METAL_STATE_FILE: &str = "sim-metal-bmcs.json";
 
 async fn dev(
     config: &Config,
     sim: usize,
     mut options: SimOptions,
+    sim_metal: usize,
     token_hours: i64,
     workload: Option<WorkloadOptions>,
 ) -> anyhow::Result<()> {
@@ -280,11 +297,43 @@ async fn dev(
         "  Admin token ({token_hours} h), send as `Authorization: Bearer <token>`:\n  {token}\n"
     )?;
 
-    if sim == 0 {
+    if sim == 0 && sim_metal == 0 {
         app::shutdown_signal().await;
         return server.shutdown().await;
     }
-    let (pool, secret) = dev_join_token(&server, sim, options.knobs.gpu_count).await?;
+    // The bare-metal machines start first (enrolment is quick) and report on a task of their
+    // own, beside the simulated fleet's.
+    let metal = match sim_metal {
+        0 => None,
+        machines => Some(start_dev_metal(&server, config, machines, options.knobs.clone()).await?),
+    };
+    let result = if sim > 0 {
+        run_dev_sim(&server, sim, &mut options, workload).await
+    } else {
+        app::shutdown_signal().await;
+        Ok(())
+    };
+    tracing::info!("shutting down");
+    if let Some(metal) = metal {
+        // It stops on the same signal and powers its machines' daemons down.
+        if let Err(err) = metal.await {
+            tracing::warn!(error = %err, "the simulated bare-metal fleet did not stop cleanly");
+        }
+    }
+    server.shutdown().await?;
+    result
+}
+
+/// `dev --sim N [--workload R]`: the simulated fleet joins, and the workload runs, until the
+/// shutdown signal.
+async fn run_dev_sim(
+    server: &RunningServer,
+    sim: usize,
+    options: &mut SimOptions,
+    workload: Option<WorkloadOptions>,
+) -> anyhow::Result<()> {
+    let mut out = std::io::stdout();
+    let (pool, secret) = dev_join_token(server, sim, options.knobs.gpu_count).await?;
     let gateway = server.gateway_url().context("the server runs no gateway")?;
     let ca = CaTrust::Pem(server.services.ca.cert_pem().to_owned());
     options.report_every = DEV_PROGRESS_EVERY;
@@ -296,7 +345,7 @@ async fn dev(
         "Starting {sim} simulated nodes (joined / connected / schedulable):"
     )?;
     let services = server.services.clone();
-    let admin = dev_principal(now);
+    let admin = dev_principal(chrono::Utc::now());
     let last_line = Arc::new(std::sync::Mutex::new(String::new()));
     let report = move |progress: Progress| {
         let services = services.clone();
@@ -309,23 +358,18 @@ async fn dev(
                 ..NodeFilter::default()
             };
             let schedulable = services.count_nodes(&admin, filter).await.unwrap_or(0);
-            let line = format!(
-                "  {}/{} joined, {}/{} connected, {schedulable}/{} schedulable, {} errors",
-                progress.joined,
-                progress.nodes,
-                progress.connected,
-                progress.nodes,
-                progress.nodes,
-                progress.errors
+            print_when_changed(
+                &last_line,
+                format!(
+                    "  {}/{} joined, {}/{} connected, {schedulable}/{} schedulable, {} errors",
+                    progress.joined,
+                    progress.nodes,
+                    progress.connected,
+                    progress.nodes,
+                    progress.nodes,
+                    progress.errors
+                ),
             );
-            // Print only what changed: a steady fleet stays quiet.
-            let mut last = last_line
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if *last != line {
-                let _ = writeln!(std::io::stdout(), "{line}");
-                *last = line;
-            }
         });
     };
     let workload = workload.map(|options| {
@@ -350,18 +394,83 @@ async fn dev(
         &secret,
         ca,
         sim,
-        options,
+        options.clone(),
         report,
         app::shutdown_signal(),
     )
     .await;
-    tracing::info!("shutting down");
     if let Some(workload) = workload {
         // It stops on the same signal; what it left running ends at its expiry.
         workload.abort();
     }
-    server.shutdown().await?;
     result.map(|_| ()).map_err(Into::into)
+}
+
+/// Prints `line` unless it is the line printed last: a steady fleet stays quiet.
+fn print_when_changed(last: &std::sync::Mutex<String>, line: String) {
+    let mut last = last
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if *last != line {
+        let _ = writeln!(std::io::stdout(), "{line}");
+        *last = line;
+    }
+}
+
+/// `dev --sim-metal N`: the `dev-metal` pool (created on the first run), a join token for
+/// the machines' daemons, and the machines: their simulated BMCs (whose port, CA and power
+/// the data directory keeps, so a later run answers where the first enrolled them), their
+/// enrolment by BMC (the machines a previous run enrolled are kept), and the inspection of
+/// each new one. Returns the task that reports their progress until the shutdown signal.
+async fn start_dev_metal(
+    server: &RunningServer,
+    config: &Config,
+    machines: usize,
+    knobs: DaemonKnobs,
+) -> anyhow::Result<tokio::task::JoinHandle<MetalProgress>> {
+    let services = server.services.clone();
+    let admin = dev_principal(chrono::Utc::now());
+    let site = dev_site(server).await?;
+    let pool = ensure_metal_pool(&services, &admin, &site, DEV_METAL_POOL, knobs.gpu_count).await?;
+    // The machines' daemons join at every boot (inspection, deploy, rescue, release), so the
+    // token admits as many joins as the server allows, for as long as it allows.
+    let (_, secret) = services
+        .create_join_token(
+            &admin,
+            NewJoinToken {
+                site_id: site.clone(),
+                pool_id: Some(pool.clone()),
+                lifetime: Some(MAX_JOIN_TOKEN_LIFETIME),
+                max_uses: Some(MAX_JOIN_TOKEN_USES),
+                description: format!("better-compute dev --sim-metal {machines}"),
+            },
+        )
+        .await?;
+    let gateway = server.gateway_url().context("the server runs no gateway")?;
+    let ca = CaTrust::Pem(server.services.ca.cert_pem().to_owned());
+    let context = Arc::new(GatewayContext::resolve(&gateway, &ca).await?);
+    writeln!(
+        std::io::stdout(),
+        "Starting {machines} simulated bare-metal machines behind Redfish BMCs, in pool `{DEV_METAL_POOL}` (enrolled / inspecting / commissioning / ready / failed):"
+    )?;
+    let options = MetalOptions {
+        machines,
+        seed: DEV_METAL_SEED,
+        knobs,
+        state_file: Some(config.data_dir.join(DEV_METAL_STATE_FILE)),
+    };
+    let place = MetalPlace {
+        principal: admin,
+        site,
+        pool,
+    };
+    let fleet = MetalFleet::start(services, place, context, secret, &options).await?;
+    let last_line = std::sync::Mutex::new(String::new());
+    Ok(tokio::spawn(fleet.run_until(
+        DEV_PROGRESS_EVERY,
+        move |progress| print_when_changed(&last_line, format!("  metal: {progress}")),
+        app::shutdown_signal(),
+    )))
 }
 
 /// The principal `dev` acts as when it sets up the simulated fleet's site, pool and token.
@@ -374,6 +483,21 @@ fn dev_principal(now: chrono::DateTime<chrono::Utc>) -> Principal {
     }
 }
 
+/// The dev site (created on the first run).
+async fn dev_site(server: &RunningServer) -> anyhow::Result<SiteId> {
+    let services = &server.services;
+    let admin = dev_principal(chrono::Utc::now());
+    Ok(match services.site_named(&admin, DEV_SITE).await? {
+        Some(site) => site.id,
+        None => {
+            services
+                .create_site(&admin, DEV_SITE, SiteKind::Platform, None)
+                .await?
+                .id
+        }
+    })
+}
+
 /// The dev site and pool (created on the first run) and a fresh join token for `nodes` joins:
 /// the pool and the token's secret.
 async fn dev_join_token(
@@ -383,22 +507,15 @@ async fn dev_join_token(
 ) -> anyhow::Result<(PoolId, String)> {
     let services = &server.services;
     let admin = dev_principal(chrono::Utc::now());
-    let site = match services.site_named(&admin, DEV_SITE).await? {
-        Some(site) => site,
-        None => {
-            services
-                .create_site(&admin, DEV_SITE, SiteKind::Platform, None)
-                .await?
-        }
-    };
-    let pool = match services.pool_named(&admin, &site.id, DEV_POOL).await? {
+    let site = dev_site(server).await?;
+    let pool = match services.pool_named(&admin, &site, DEV_POOL).await? {
         Some(pool) => pool,
         None => {
             services
                 .create_pool(
                     &admin,
                     NewPool {
-                        site_id: site.id.clone(),
+                        site_id: site.clone(),
                         name: DEV_POOL.to_owned(),
                         kind: PoolKind::MetalHost,
                         agent: bc_core::axes::PoolAgent::Bcd,
@@ -419,7 +536,7 @@ async fn dev_join_token(
         .create_join_token(
             &admin,
             NewJoinToken {
-                site_id: site.id,
+                site_id: site,
                 pool_id: Some(pool.id.clone()),
                 lifetime: None,
                 max_uses: Some(i64::try_from(nodes).unwrap_or(i64::MAX)),
@@ -441,6 +558,31 @@ mod tests {
             Command::Dev { workload, .. } => Ok(workload),
             _ => panic!("not the dev command"),
         }
+    }
+
+    fn dev_fleets(args: &[&str]) -> Result<(usize, usize), clap::Error> {
+        match Cli::try_parse_from(args)?.command {
+            Command::Dev { sim, sim_metal, .. } => Ok((sim, sim_metal)),
+            _ => panic!("not the dev command"),
+        }
+    }
+
+    #[test]
+    fn dev_takes_simulated_bare_metal_with_or_without_a_simulated_fleet() {
+        assert_eq!(
+            dev_fleets(&["better-compute", "dev", "--sim-metal", "3"]).expect("parses"),
+            (0, 3)
+        );
+        assert_eq!(
+            dev_fleets(&["better-compute", "dev", "--sim", "20", "--sim-metal", "2"])
+                .expect("parses"),
+            (20, 2)
+        );
+        assert_eq!(
+            dev_fleets(&["better-compute", "dev", "--sim", "5"]).expect("parses"),
+            (5, 0)
+        );
+        assert!(dev_fleets(&["better-compute", "dev", "--sim-metal", "-1"]).is_err());
     }
 
     #[test]

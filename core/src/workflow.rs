@@ -42,8 +42,9 @@ axis_enum!(
         /// facts, and the machine is powered off. Success makes `provide` (`ready`).
         Commission = "commission",
         /// `deploying`: boot the deploy image (virtual media where the BMC has it, else the
-        /// network once), power on, and wait for the installed system's daemon to join.
-        /// Success makes `finish-deploy` (`deployed`).
+        /// network once), power on, and wait for the installed system's daemon to join; then
+        /// the image is ejected from the virtual media, as Ironic does, so that the machine
+        /// never boots the installer again. Success makes `finish-deploy` (`deployed`).
         Deploy = "deploy",
         /// `releasing`: boot the ramdisk, wipe the disks, power off. Success makes
         /// `finish-release` (`ready`).
@@ -70,7 +71,10 @@ axis_enum!(
         /// applies) and waits until the BMC reports it on.
         PowerOn = "power-on",
         /// Waits for the machine's daemon to join as this node with a newer identity
-        /// generation than the workflow started with, and to hold a session.
+        /// generation than the workflow started with, and to hold a session. In a deploy
+        /// that named an image, it then ejects the image from the BMC's virtual CD
+        /// ([`WorkflowKind::ejects_deploy_image`]); a failed eject is logged, not fatal: the
+        /// installed system runs, and the image only waits to be ejected by hand.
         AwaitDaemon = "await-daemon",
         /// Compares the identifiers the daemon's inventory reports with the enrolment's.
         CheckIdentifiers = "check-identifiers",
@@ -215,6 +219,14 @@ impl WorkflowKind {
                 StepKind::PowerOff,
             ],
         }
+    }
+
+    /// Whether the wait for the daemon ends by ejecting the deploy image from the BMC's
+    /// virtual CD: in a deploy, once the installed system's daemon has joined, the image has
+    /// done its work, and left inserted it would be booted again by a later one-time CD boot
+    /// or found by the installed system as a stray disc.
+    pub fn ejects_deploy_image(self) -> bool {
+        self == WorkflowKind::Deploy
     }
 
     /// The move its success makes: none for `rescue`, whose success is the machine running
@@ -375,6 +387,14 @@ impl Workflow {
 
     pub fn is_running(&self) -> bool {
         self.status == WorkflowStatus::Running
+    }
+
+    /// Adds a line to the log of the step it is at (or ended at): what its caller did
+    /// around a step, such as cancelling a command when the workflow ended.
+    pub fn note(&mut self, at: DateTime<Utc>, message: impl Into<String>) {
+        if let Some(step) = self.steps.get_mut(self.current) {
+            step.note(at, message);
+        }
     }
 
     /// The step under way, if the workflow runs.
@@ -1095,6 +1115,41 @@ mod tests {
         }
         assert_eq!(WorkflowKind::for_state(ProvisionState::Ready), None);
         assert_eq!(WorkflowKind::for_state(ProvisionState::Deployed), None);
+    }
+
+    #[test]
+    fn only_a_deploy_ejects_its_image_and_a_note_lands_on_the_step_reached() {
+        for kind in WorkflowKind::ALL {
+            assert_eq!(
+                kind.ejects_deploy_image(),
+                *kind == WorkflowKind::Deploy,
+                "{kind}"
+            );
+        }
+        let mut w = advance(&inspect(), Input::Tick, t0()).workflow;
+        w = done(&w, "ok", t0()).workflow;
+        let aborted = advance(
+            &w,
+            Input::Abort {
+                by: "user:op".into(),
+                reason: "wrong rack".into(),
+            },
+            t0(),
+        );
+        let mut ended = aborted.workflow;
+        let lines = ended.steps[1].log.len();
+        ended.note(t0(), "cancelled cmd_1");
+        assert_eq!(ended.steps[1].log.len(), lines + 1, "the step it ended at");
+        assert_eq!(
+            ended.steps[1].log.last().map(|l| l.message.as_str()),
+            Some("cancelled cmd_1")
+        );
+        assert!(
+            ended.steps[0]
+                .log
+                .iter()
+                .all(|l| l.message != "cancelled cmd_1")
+        );
     }
 
     #[test]

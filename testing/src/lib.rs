@@ -13,6 +13,8 @@ pub mod bench;
 pub mod bmc;
 pub mod daemon;
 pub mod inventory;
+/// Simulated bare metal (`dev --sim-metal N`): machines behind simulated Redfish BMCs.
+pub mod metal;
 pub mod server;
 pub mod sim;
 pub mod subscription;
@@ -21,6 +23,7 @@ pub mod workload;
 pub use daemon::{
     CaTrust, DaemonError, DaemonKnobs, DaemonStatus, FakeDaemon, GatewayContext, Phase,
 };
+pub use metal::{MetalFleet, MetalOptions, MetalPlace, MetalProgress};
 pub use server::{Backend, Gql, TestServer, each_backend, each_backend_with};
 pub use sim::{Fleet, KnobOverride, Progress, SimOptions, run_sim};
 pub use workload::{WorkloadCounts, WorkloadOptions, WorkloadReport, run_workload};

@@ -141,6 +141,9 @@ pub trait PowerDriver: Send + Sync {
     /// virtual CD. `Ok(false)`: the BMC has no virtual CD, and nothing was done. Inserting
     /// the image that is inserted already does nothing, so a step may repeat it.
     async fn insert_media(&self, image: &str) -> Result<bool, BmcError>;
+    /// Ejects the image in the BMC's virtual CD. `Ok(false)`: nothing was inserted (or the
+    /// BMC has no virtual CD), and nothing was done; so a step may repeat it.
+    async fn eject_media(&self) -> Result<bool, BmcError>;
     /// The system's path as found, for the caller to keep (`None` before it is found, and
     /// for drivers without one).
     fn system_path(&self) -> Option<String>;
@@ -182,6 +185,9 @@ impl PowerDriver for NoPowerDriver {
         Err(no_driver())
     }
     async fn insert_media(&self, _image: &str) -> Result<bool, BmcError> {
+        Err(no_driver())
+    }
+    async fn eject_media(&self) -> Result<bool, BmcError> {
         Err(no_driver())
     }
     fn system_path(&self) -> Option<String> {

@@ -17,8 +17,9 @@
 //! - virtual media: the system's own `VirtualMedia` collection (Redfish 2021 and later), else
 //!   those of the managers in its `Links/ManagedBy`; the first device whose `MediaTypes`
 //!   name `CD` or `DVD`, through its `#VirtualMedia.InsertMedia` action (ejecting another
-//!   image first). A BMC without one answers "no virtual media", and the deploy boots from
-//!   the network instead;
+//!   image first), and `#VirtualMedia.EjectMedia` to take it out once the deployed system
+//!   runs. A BMC without one answers "no virtual media", and the deploy boots from the
+//!   network instead;
 //! - redirects are not followed (a 3xx is an unexpected answer), so credentials never leave
 //!   for another host; answers are read up to 1 MiB.
 
@@ -320,43 +321,32 @@ impl PowerDriver for RedfishDriver {
 
     async fn insert_media(&self, image: &str) -> Result<bool, BmcError> {
         self.on_system(|path| async move {
-            let system = self.get(&path).await?;
-            let mut collections: Vec<String> = system
-                .get("VirtualMedia")
-                .and_then(|v| v.get("@odata.id"))
-                .and_then(Value::as_str)
-                .map(str::to_owned)
-                .into_iter()
-                .collect();
-            let managers: Vec<String> = system
-                .get("Links")
-                .and_then(|l| l.get("ManagedBy"))
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .filter_map(|m| {
-                    m.get("@odata.id")
-                        .and_then(Value::as_str)
-                        .map(str::to_owned)
-                })
-                .collect();
-            for manager in managers {
-                let manager = self.get(&manager).await?;
-                collections.extend(
-                    manager
-                        .get("VirtualMedia")
-                        .and_then(|v| v.get("@odata.id"))
-                        .and_then(Value::as_str)
-                        .map(str::to_owned),
-                );
-            }
-            for collection in collections {
-                if let Some(device) = self.virtual_cd(&collection).await? {
+            match self.system_cd(&path).await? {
+                Some(device) => {
                     self.insert_into(&device, image).await?;
-                    return Ok(true);
+                    Ok(true)
                 }
+                None => Ok(false),
             }
-            Ok(false)
+        })
+        .await
+    }
+
+    async fn eject_media(&self) -> Result<bool, BmcError> {
+        self.on_system(|path| async move {
+            let Some(device) = self.system_cd(&path).await? else {
+                return Ok(false);
+            };
+            if device.get("Inserted").and_then(Value::as_bool) != Some(true) {
+                return Ok(false);
+            }
+            let eject = device_action(&device, EJECT_MEDIA_ACTION).ok_or_else(|| {
+                BmcError::Unsupported(format!(
+                    "the virtual CD offers no {EJECT_MEDIA_ACTION} action"
+                ))
+            })?;
+            self.request(Method::POST, &eject, Some(json!({}))).await?;
+            Ok(true)
         })
         .await
     }
@@ -367,6 +357,47 @@ impl PowerDriver for RedfishDriver {
 }
 
 impl RedfishDriver {
+    /// The system's virtual CD: the first CD or DVD device of its own `VirtualMedia`
+    /// collection, else of its managers' (`Links/ManagedBy`); `None` when it has none.
+    async fn system_cd(&self, path: &str) -> Result<Option<Value>, BmcError> {
+        let system = self.get(path).await?;
+        let mut collections: Vec<String> = system
+            .get("VirtualMedia")
+            .and_then(|v| v.get("@odata.id"))
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .into_iter()
+            .collect();
+        let managers: Vec<String> = system
+            .get("Links")
+            .and_then(|l| l.get("ManagedBy"))
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|m| {
+                m.get("@odata.id")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+            })
+            .collect();
+        for manager in managers {
+            let manager = self.get(&manager).await?;
+            collections.extend(
+                manager
+                    .get("VirtualMedia")
+                    .and_then(|v| v.get("@odata.id"))
+                    .and_then(Value::as_str)
+                    .map(str::to_owned),
+            );
+        }
+        for collection in collections {
+            if let Some(device) = self.virtual_cd(&collection).await? {
+                return Ok(Some(device));
+            }
+        }
+        Ok(None)
+    }
+
     /// The first device of a `VirtualMedia` collection that takes a CD or DVD.
     async fn virtual_cd(&self, collection: &str) -> Result<Option<Value>, BmcError> {
         let list = self.get(collection).await?;
@@ -406,18 +437,10 @@ impl RedfishDriver {
         if inserted && current == image {
             return Ok(());
         }
-        let action = |name: &str| {
-            device
-                .get("Actions")
-                .and_then(|a| a.get(name))
-                .and_then(|a| a.get("target"))
-                .and_then(Value::as_str)
-                .map(str::to_owned)
-        };
-        if inserted && let Some(eject) = action(EJECT_MEDIA_ACTION) {
+        if inserted && let Some(eject) = device_action(device, EJECT_MEDIA_ACTION) {
             self.request(Method::POST, &eject, Some(json!({}))).await?;
         }
-        let insert = action(INSERT_MEDIA_ACTION).ok_or_else(|| {
+        let insert = device_action(device, INSERT_MEDIA_ACTION).ok_or_else(|| {
             BmcError::Unsupported(format!(
                 "the virtual CD offers no {INSERT_MEDIA_ACTION} action"
             ))
@@ -430,6 +453,16 @@ impl RedfishDriver {
         .await?;
         Ok(())
     }
+}
+
+/// The target of a virtual media device's action `name` (`#VirtualMedia.InsertMedia`, …).
+fn device_action(device: &Value, name: &str) -> Option<String> {
+    device
+        .get("Actions")
+        .and_then(|a| a.get(name))
+        .and_then(|a| a.get("target"))
+        .and_then(Value::as_str)
+        .map(str::to_owned)
 }
 
 /// UUIDs compared as their 32 hex digits, whatever the dashes, braces and case.

@@ -10,7 +10,7 @@ use std::collections::HashSet;
 use super::NodeFilter;
 use super::Services;
 use super::store::commands::{self, CommandFilter};
-use super::store::{events, nodes};
+use super::store::{WriteTxn, events, nodes};
 use crate::auth::{Principal, Role};
 use crate::error::{ApiError, ApiResult};
 
@@ -162,6 +162,41 @@ impl Services {
         let actor = principal.actor();
         self.change_command(id, &actor, Some(principal), |c, now| c.cancel(&actor, now))
             .await
+    }
+
+    /// Cancels, in the caller's transaction, the commands of `node` that `queued_by` queued
+    /// at or after `since` and that have not ended: what a bare-metal workflow that ends
+    /// leaves behind. It is `cancelCommand`'s cancellation (the command's own `cancel`, the
+    /// compare-and-set save, its event, which the gateway holding the node's session turns
+    /// into a cancel for the daemon), made by `by`; each with the status it had. The caller
+    /// has locked the node; the command rows are locked here, in id order (lock order,
+    /// step 6).
+    pub(super) async fn cancel_open_commands_in(
+        &self,
+        txn: &WriteTxn,
+        node: &NodeId,
+        queued_by: &Actor,
+        since: DateTime<Utc>,
+        by: &Actor,
+        now: DateTime<Utc>,
+    ) -> ApiResult<Vec<(Command, CommandStatus)>> {
+        let open: Vec<CommandStatus> = CommandStatus::ALL
+            .iter()
+            .copied()
+            .filter(|s| !s.is_final())
+            .collect();
+        let mut cancelled = Vec::new();
+        for mut command in commands::of_node(&**txn, node, &open).await? {
+            if command.created_by != *queued_by || command.created_at < since {
+                continue;
+            }
+            let from = command.cancel(by, now)?;
+            if commands::save(&**txn, from, &command).await? {
+                events::append_command(txn, &command, Some(from), by, now);
+                cancelled.push((command, from));
+            }
+        }
+        Ok(cancelled)
     }
 
     pub async fn command(&self, principal: &Principal, id: &CommandId) -> ApiResult<Command> {

@@ -24,7 +24,7 @@ use bc_core::node::NodeRecord;
 use bc_core::provision::ProvisionMove;
 use bc_core::view::NodeDetail;
 use bc_core::workflow::{
-    self, Effect, Identifiers, Input, StepKind, StepResult, Workflow, WorkflowKind,
+    self, Effect, Identifiers, Input, StepKind, StepResult, StepStatus, Workflow, WorkflowKind,
 };
 use std::collections::BTreeMap;
 
@@ -186,7 +186,11 @@ impl Services {
     }
 
     /// Writes `after` over `before` (which must still be stored at its version) and the
-    /// events of what changed between them.
+    /// events of what changed between them. A workflow that ends (whatever the way: success,
+    /// failure, an abort, its node gone) cancels, in the same transaction, the commands its
+    /// steps queued that have not ended (a burn-in still queued when an operator aborts,
+    /// an earlier attempt's command that never ran), so none runs on the machine later;
+    /// the step it ended at logs each.
     async fn save_workflow_in(
         &self,
         txn: &WriteTxn,
@@ -196,6 +200,27 @@ impl Services {
         actor: &Actor,
         now: chrono::DateTime<chrono::Utc>,
     ) -> ApiResult<bool> {
+        if before.is_running() && !after.is_running() {
+            let cancelled = self
+                .cancel_open_commands_in(
+                    txn,
+                    &node.id,
+                    &Actor::Controller(WORKFLOW_ACTOR.into()),
+                    before.created_at,
+                    actor,
+                    now,
+                )
+                .await?;
+            for (command, was) in cancelled {
+                after.note(
+                    now,
+                    format!(
+                        "cancelled {} {}, which was still {was}: the workflow ended",
+                        command.kind, command.id
+                    ),
+                );
+            }
+        }
         after.version = before.version + 1;
         if !workflows::save(&**txn, &after, before.version).await? {
             return Ok(false);
@@ -393,11 +418,22 @@ impl Services {
         };
         let current = moved.as_ref().map_or(&node, |(after, _)| after);
         let ended = !after.is_running();
+        // A power step the BMC carried out makes the BMC due for a poll at once, as an
+        // operator's power action does, so the `power` axis follows the workflow within a
+        // tick instead of a poll interval (the node row is locked; its BMC row comes next).
+        let powered = before.steps.iter().zip(&after.steps).any(|(was, is)| {
+            matches!(is.kind, StepKind::PowerOn | StepKind::PowerOff)
+                && was.status != is.status
+                && is.status == StepStatus::Succeeded
+        });
         if !self
             .save_workflow_in(&txn, current, before, after, &actor, now)
             .await?
         {
             return Ok(Recorded::Dropped);
+        }
+        if powered {
+            bare_metal::poll_at(&*txn, &node.id, now).await?;
         }
         // The commands the pass's steps built, queued with the handles that name them
         // (lock order: the node is locked; command rows are new).
@@ -509,10 +545,17 @@ impl Services {
             }
             StepKind::AwaitDaemon => {
                 if workflow::daemon_joined(w.identity_generation, &node) {
-                    StepResult::Done(format!(
+                    let joined = format!(
                         "the machine's daemon joined as this node (identity generation {}) and holds a session",
                         node.identity_generation
-                    ))
+                    );
+                    if w.kind.ejects_deploy_image() && node.drivers.contains_key(DEPLOY_DRIVER_KEY)
+                    {
+                        let ejected = self.eject_deploy_image(&read, &node).await;
+                        StepResult::Done(format!("{joined}; {ejected}"))
+                    } else {
+                        StepResult::Done(joined)
+                    }
                 } else {
                     let enrolled = workflows::enrolled_identifiers(&read, &node.id).await?;
                     let strays = workflows::identity_sections_of_nodes_since(
@@ -610,6 +653,30 @@ impl Services {
         match driver.boot_once(target).await {
             Ok(()) => StepResult::Done(message),
             Err(err) => bmc_failed(&err),
+        }
+    }
+
+    /// Ejects the deploy image from the BMC's virtual CD once the installed system runs,
+    /// and says how it went, for the step's log. Never a failure: the system is deployed
+    /// either way, and an image left inserted is for an operator to eject.
+    async fn eject_deploy_image(
+        &self,
+        read: &sea_orm::DatabaseTransaction,
+        node: &NodeRecord,
+    ) -> String {
+        let ejected = match self.workflow_driver(read, node).await {
+            Ok(driver) => driver.eject_media().await.map_err(|err| err.to_string()),
+            Err(err) => Err(err.message()),
+        };
+        match ejected {
+            Ok(true) => "the deploy image was ejected from the BMC's virtual CD".to_owned(),
+            Ok(false) => "the BMC's virtual CD held no image to eject".to_owned(),
+            Err(why) => {
+                tracing::warn!(node = %node.id, error = %why, "the deploy image could not be ejected");
+                format!(
+                    "the deploy image could not be ejected from the BMC's virtual CD ({why}); it stays inserted until an operator ejects it"
+                )
+            }
         }
     }
 

@@ -10,8 +10,11 @@
 //! the system off, its daemon stops. The Workflow controller is ticked by hand, time moved
 //! with the test clock.
 
+use bc_core::ids::{PoolId, SiteId};
 use bc_core::workflow::AWAIT_DAEMON_TIMEOUT;
 use bc_testing::bmc::{SushyEmulator, SushyOptions, SushySystem};
+use bc_testing::daemon::GatewayContext;
+use bc_testing::metal::{BootSource, MetalFleet, MetalOptions, MetalPlace, SimMachine};
 use bc_testing::{
     Backend, CaTrust, DaemonKnobs, FakeDaemon, Gql, TestServer, each_backend, each_backend_with,
 };
@@ -206,33 +209,44 @@ async fn command_kinds(s: &TestServer, id: &str) -> Vec<String> {
     kinds
 }
 
-/// The machine's side: the emulator's system `n`, and the daemon it runs now (a ramdisk's,
-/// or the installed system's).
+/// The machine's side: the emulator's system `n`, and what it boots ([`SimMachine`], the
+/// simulated bare metal's machine: a boot starts a daemon with the machine's identifiers).
+/// The emulator runs no machine of its own, so this follows its power state.
 struct Machine {
     n: u32,
-    identifiers: BTreeMap<String, String>,
-    /// The GPU diagnostic fails on this machine.
-    fail_diagnostics: bool,
-    daemon: Option<FakeDaemon>,
+    sim: SimMachine,
     /// The workflow whose boot started the daemon it runs.
     booted_for: Option<String>,
     /// Every daemon it started, by the kind of workflow that booted it.
     boots: Vec<String>,
-    /// `disk.wipe`s its daemons carried out, those stopped included.
-    wipes: u64,
 }
 
 impl Machine {
     fn new(n: u32) -> Machine {
         Machine {
             n,
-            identifiers: machine(n),
-            fail_diagnostics: false,
-            daemon: None,
+            sim: SimMachine::new(DaemonKnobs {
+                identifiers: Some(machine(n)),
+                gpu_count: 8,
+                ..DaemonKnobs::default()
+            }),
             booted_for: None,
             boots: Vec::new(),
-            wipes: 0,
         }
+    }
+
+    /// The GPU diagnostic fails on this machine (at its next boot).
+    fn fail_diagnostics(&mut self, fail: bool) {
+        self.sim.knobs.fail_diagnostics = fail;
+    }
+
+    /// The identifiers its daemons report (at its next boot).
+    fn identifiers_mut(&mut self) -> &mut BTreeMap<String, String> {
+        self.sim.knobs.identifiers.get_or_insert_with(BTreeMap::new)
+    }
+
+    fn daemon(&self) -> Option<&FakeDaemon> {
+        self.sim.daemon()
     }
 
     /// Follows the emulator: off, the daemon stops; on while the node's workflow waits for
@@ -264,24 +278,16 @@ impl Machine {
 
     /// Starts the machine's daemon afresh (stopping the one it ran), as a boot would.
     async fn boot(&mut self, s: &TestServer, place: &Place) {
-        self.stop();
         let secret = s.join_token(&place.site, Some(&place.pool), 10).await;
-        let daemon = FakeDaemon::new(s.gateway_url(), secret, CaTrust::Pem(s.ca_pem())).with_knobs(
-            DaemonKnobs {
-                identifiers: Some(self.identifiers.clone()),
-                gpu_count: 8,
-                fail_diagnostics: self.fail_diagnostics,
-                ..DaemonKnobs::default()
-            },
-        );
-        daemon.start();
-        self.daemon = Some(daemon);
+        self.sim.boot(|knobs| {
+            FakeDaemon::new(s.gateway_url(), secret, CaTrust::Pem(s.ca_pem())).with_knobs(knobs)
+        });
     }
 
     /// Waits until the daemon it runs holds a session.
     async fn wait_connected(&self) {
         let started = Instant::now();
-        while !self.daemon.as_ref().is_some_and(|d| d.status().connected) {
+        while !self.daemon().is_some_and(|d| d.status().connected) {
             assert!(
                 started.elapsed() < LIMIT,
                 "the machine's daemon never connected"
@@ -291,14 +297,11 @@ impl Machine {
     }
 
     fn stop(&mut self) {
-        if let Some(daemon) = self.daemon.take() {
-            self.wipes += daemon.status().disk_wipes;
-            daemon.stop();
-        }
+        self.sim.power_off();
     }
 
     fn wipes(&self) -> u64 {
-        self.wipes + self.daemon.as_ref().map_or(0, |d| d.status().disk_wipes)
+        self.sim.wipes()
     }
 }
 
@@ -320,6 +323,24 @@ async fn tick_until(
             m.react(s, emulator, place, &v).await;
             v = view(s, id).await;
         }
+        if done(&v) {
+            return v;
+        }
+        assert!(
+            started.elapsed() < LIMIT,
+            "not reached within {LIMIT:?}: {v:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Ticks the Workflow controller until `done` holds for the node's view, with no harness
+/// playing the machine: what its BMC does is all that happens to it.
+async fn tick_alone(s: &TestServer, id: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let started = Instant::now();
+    loop {
+        tick(s).await;
+        let v = view(s, id).await;
         if done(&v) {
             return v;
         }
@@ -470,8 +491,7 @@ async fn to_ready(
 
 #[tokio::test]
 async fn enrol_inspect_commission_deploy_release_and_retire_against_the_redfish_emulator() {
-    let image = image_server().await;
-    let configured = image.clone();
+    let configured = image_server().await;
     each_backend_with(
         move |c| {
             c.bare_metal.images.insert(IMAGE.to_owned(), configured.clone());
@@ -500,7 +520,7 @@ async fn enrol_inspect_commission_deploy_release_and_retire_against_the_redfish_
             assert!(step_log(&inspected, "CHECK_IDENTIFIERS").contains("match its enrolment"), "{inspected:#}");
             let (boot, _) = boot_and_cd(&emulator, 1).await;
             assert_eq!(boot["BootSourceOverrideTarget"], "Pxe", "the inspection booted the network: {boot:#}");
-            let daemon_node = machine.daemon.as_ref().and_then(|d| d.status().node_id);
+            let daemon_node = machine.daemon().and_then(|d| d.status().node_id);
             assert_eq!(daemon_node.as_deref(), Some(id.as_str()), "the ramdisk's daemon is the enrolled node");
             assert_eq!(s.admin("{ nodes { totalCount } }", json!({})).await["nodes"]["totalCount"], 1);
 
@@ -519,7 +539,7 @@ async fn enrol_inspect_commission_deploy_release_and_retire_against_the_redfish_
             let firmware = step_log(&commissioned, "RECORD_FIRMWARE");
             assert!(firmware.contains("BIOS 2.1") && firmware.contains("GPU VBIOS 96.00.99.00.01 on 8 GPU(s)"), "{firmware}");
             assert_eq!(emulator.power_state(&SushySystem::numbered(1).uuid).await.expect("read"), "Off");
-            assert!(machine.daemon.is_none(), "the machine is off");
+            assert!(machine.daemon().is_none(), "the machine is off");
 
             // Deploy: the pool's image as the BMC's virtual CD, booted once; the installed
             // system's daemon joins with a new identity generation.
@@ -531,7 +551,10 @@ async fn enrol_inspect_commission_deploy_release_and_retire_against_the_redfish_
             assert!(!step_log(&deployed, "BOOT_DEPLOY_IMAGE").contains("http://"), "the image's address is not logged");
             let (boot, cd) = boot_and_cd(&emulator, 1).await;
             assert_eq!(boot["BootSourceOverrideTarget"], "Cd", "{boot:#}");
-            assert_eq!((cd["Image"].as_str(), cd["Inserted"].as_bool()), (Some(image.as_str()), Some(true)), "{cd:#}");
+            // Once the installed system's daemon joined, the image was ejected (as Ironic
+            // does), which the step's log says.
+            assert_eq!(cd["Inserted"], false, "{cd:#}");
+            assert!(step_log(&deployed, "AWAIT_DAEMON").contains("the deploy image was ejected from the BMC's virtual CD"), "{deployed:#}");
             assert_eq!(deployed["node"]["provisionState"], "DEPLOYED");
             assert_eq!(deployed["node"]["identityGeneration"], 3);
             assert_eq!(deployed["node"]["connectivity"], "CONNECTED");
@@ -713,7 +736,7 @@ async fn a_failing_burn_in_fails_commissioning_and_recover_starts_it_over() {
         let emulator = start_emulator(1).await;
         let place = metal_pool(s).await;
         let mut machine = Machine::new(1);
-        machine.fail_diagnostics = true;
+        machine.fail_diagnostics(true);
         let id = enroll(s, &place, &emulator, 1).await;
         transition(s, &id, "INSPECT").await.data();
         run_workflow(s, &id, &emulator, &place, Some(&mut machine), "INSPECT").await;
@@ -753,7 +776,7 @@ async fn a_failing_burn_in_fails_commissioning_and_recover_starts_it_over() {
         );
 
         // The operator replaces the GPU and reboots the machine into the ramdisk by hand.
-        machine.fail_diagnostics = false;
+        machine.fail_diagnostics(false);
         machine.boot(s, &place).await;
         machine.wait_connected().await;
         transition(s, &id, "RECOVER").await.data();
@@ -1030,7 +1053,7 @@ async fn a_machine_that_contradicts_its_enrolment_fails_its_inspection() {
         let id = enroll(s, &place, &emulator, 1).await;
         let mut impostor = Machine::new(1);
         impostor
-            .identifiers
+            .identifiers_mut()
             .insert("board-serial".into(), "BSN-SWAPPED".into());
         transition(s, &id, "INSPECT").await.data();
         let failed = tick_until(s, &id, &emulator, &place, Some(&mut impostor), |v| {
@@ -1059,12 +1082,202 @@ async fn a_machine_that_contradicts_its_enrolment_fails_its_inspection() {
             failed["node"]["identityGeneration"], 1,
             "the other machine never became this node"
         );
-        let other = impostor.daemon.as_ref().and_then(|d| d.status().node_id);
+        let other = impostor.daemon().and_then(|d| d.status().node_id);
         assert!(
             other.is_some_and(|o| o != id && reason.contains(&o)),
             "{reason}"
         );
         impostor.stop();
     })
+    .await;
+}
+
+/// Waits until the node's daemon is gone (its session closed).
+async fn wait_disconnected(s: &TestServer, id: &str) -> Value {
+    let started = Instant::now();
+    loop {
+        let v = view(s, id).await;
+        if v["node"]["connectivity"] != "CONNECTED" {
+            return v;
+        }
+        assert!(started.elapsed() < LIMIT, "the daemon never went: {v:#}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Ticks until the running workflow's first step has queued its command; that command.
+async fn queued_burn_in(
+    s: &TestServer,
+    id: &str,
+    emulator: &SushyEmulator,
+    place: &Place,
+) -> (Value, String) {
+    let v = tick_until(s, id, emulator, place, None, |v| {
+        v["workflow"]["steps"][0]["commandId"].is_string()
+    })
+    .await;
+    assert_eq!(step_statuses(&v)[0], "BURN_IN=RUNNING", "{v:#}");
+    let diag = step_command(&v, "BURN_IN");
+    assert_eq!(
+        command(s, &diag).await["status"],
+        "QUEUED",
+        "no daemon to run it"
+    );
+    (v, diag)
+}
+
+/// An abort while a step's command has not run yet: the abort cancels the command in its
+/// own transaction (the step's log says so), so the machine's daemon, when it comes back,
+/// never runs it. The same for `fail` typed while a workflow runs.
+#[tokio::test]
+async fn ending_a_workflow_cancels_the_commands_it_queued() {
+    each_backend(async |s| {
+        let emulator = start_emulator(1).await;
+        let place = metal_pool(s).await;
+        let mut machine = Machine::new(1);
+        let id = enroll(s, &place, &emulator, 1).await;
+        transition(s, &id, "INSPECT").await.data();
+        run_workflow(s, &id, &emulator, &place, Some(&mut machine), "INSPECT").await;
+        // The ramdisk's daemon goes before the commissioning's first pass: its burn-in is
+        // queued and waits for a session.
+        machine.stop();
+        wait_disconnected(s, &id).await;
+        let (queued, diag) = queued_burn_in(s, &id, &emulator, &place).await;
+
+        let aborted = abort(s, &id, version(&queued), "wrong GPUs").await.data()["abortWorkflow"]
+            ["bareMetalNode"]
+            .clone();
+        assert_eq!(aborted["workflow"]["status"], "ABORTED");
+        let cancelled = command(s, &diag).await;
+        assert_eq!(cancelled["status"], "CANCELLED", "{cancelled:#}");
+        assert!(
+            cancelled["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("user:test-admin")),
+            "{cancelled:#}"
+        );
+        assert!(
+            step_log(&aborted, "BURN_IN")
+                .contains(&format!("cancelled diag.nvml {diag}, which was still queued")),
+            "{aborted:#}"
+        );
+
+        // `recover` commissions again; a `fail` typed while its burn-in is queued cancels
+        // that one too.
+        transition(s, &id, "RECOVER").await.data();
+        let (queued, second) = queued_burn_in(s, &id, &emulator, &place).await;
+        assert_ne!(second, diag);
+        let failed = s
+            .gql(
+                Some(s.admin_token()),
+                "mutation($input: TransitionNodeInput!) { transitionNode(input: $input) { node { provisionState } } }",
+                json!({ "input": { "id": id, "version": version(&queued), "move": "FAIL", "reason": "bad riser" } }),
+            )
+            .await;
+        assert_eq!(failed.data()["transitionNode"]["node"]["provisionState"], "FAILED");
+        assert_eq!(command(s, &second).await["status"], "CANCELLED");
+
+        // The machine's daemon comes back: neither burn-in is sent to it (its session's
+        // opening dispatches what is queued for the node; a moment more for stragglers).
+        machine.boot(s, &place).await;
+        machine.wait_connected().await;
+        let started = Instant::now();
+        while view(s, &id).await["node"]["connectivity"] != "CONNECTED" {
+            assert!(started.elapsed() < LIMIT, "the node never connected");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let received = machine.daemon().map(|d| d.status().commands_received);
+        assert_eq!(received, Some(0), "nothing was sent to it");
+        for cancelled in [&diag, &second] {
+            assert_eq!(command(s, cancelled).await["status"], "CANCELLED");
+        }
+        assert_eq!(tick(s).await.advanced, 0, "nothing runs");
+        machine.stop();
+    })
+    .await;
+}
+
+/// The deploy image's eject fails at the BMC: logged in the step's log, not fatal; the
+/// node is deployed, and the image stays inserted for an operator. The BMC is the simulated
+/// bare metal's (`bc_testing::metal`, which `dev --sim-metal` runs), whose eject can fail
+/// on demand; its machine boots by itself, as the BMC boots it.
+#[tokio::test]
+async fn a_failed_eject_of_the_deploy_image_is_logged_and_the_deploy_succeeds() {
+    let configured = image_server().await;
+    let image = configured.clone();
+    each_backend_with(
+        move |c| {
+            c.bare_metal
+                .images
+                .insert(IMAGE.to_owned(), configured.clone());
+        },
+        async |s| {
+            let place = imaged_pool(s).await;
+            let services = s.server.services.clone();
+            let admin = better_compute::auth::Principal {
+                subject: "test-admin".to_owned(),
+                role: better_compute::auth::Role::Admin,
+                tenant: None,
+                expires_at: bc_core::clock::Clock::now(&s.clock) + chrono::Duration::days(1),
+            };
+            let secret = s.join_token(&place.site, Some(&place.pool), 10).await;
+            let context = std::sync::Arc::new(
+                GatewayContext::resolve(&s.gateway_url(), &CaTrust::Pem(s.ca_pem()))
+                    .await
+                    .expect("the gateway"),
+            );
+            let fleet = MetalFleet::start(
+                services,
+                MetalPlace {
+                    principal: admin,
+                    site: SiteId::parse(&place.site).expect("a site id"),
+                    pool: PoolId::parse(&place.pool).expect("a pool id"),
+                },
+                context,
+                secret,
+                &MetalOptions {
+                    machines: 1,
+                    seed: 11,
+                    knobs: DaemonKnobs::default(),
+                    state_file: None,
+                },
+            )
+            .await
+            .expect("the machine is enrolled and its inspection started");
+            let system = fleet.machines()[0].system_id.clone();
+            let id = fleet
+                .node_id(&fleet.machines()[0].hostname)
+                .await
+                .expect("a read")
+                .expect("a node")
+                .to_string();
+            let ready = tick_alone(s, &id, |v| v["node"]["provisionState"] == "READY").await;
+            assert_eq!(ready["node"]["maintenance"], false, "{ready:#}");
+
+            fleet.bmcs().fail_ejects(&system, true);
+            transition(s, &id, "DEPLOY").await.data();
+            let deployed = tick_alone(s, &id, |v| status(v) != "RUNNING").await;
+            assert_eq!(status(&deployed), "SUCCEEDED", "{deployed:#}");
+            assert_eq!(deployed["node"]["provisionState"], "DEPLOYED");
+            let log = step_log(&deployed, "AWAIT_DAEMON");
+            assert!(
+                log.contains("the deploy image could not be ejected from the BMC's virtual CD")
+                    && log.contains("HTTP 500")
+                    && log.contains("stays inserted"),
+                "{log}"
+            );
+            assert_eq!(
+                fleet.bmcs().inserted_media(&system).as_deref(),
+                Some(image.as_str())
+            );
+            assert_eq!(
+                fleet.bmcs().boots(&system),
+                [BootSource::Network, BootSource::VirtualCd],
+                "inspected from the network, deployed from the image"
+            );
+            fleet.shutdown().await;
+        },
+    )
     .await;
 }

@@ -3,6 +3,7 @@
 mod fleet;
 mod lifecycle;
 mod lock_order;
+mod metal;
 mod remediation;
 mod restart_under_load;
 mod workload;
