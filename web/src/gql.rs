@@ -61,6 +61,16 @@ operations!(
     ReservationUpdatesLive,
 );
 
+// Bare metal (issue 14): `metal.rs`, `bare_metal.rs`.
+operations!(
+    BareMetalNodeById,
+    EnrollBareMetalNode,
+    PowerNode,
+    AbortWorkflow,
+    ProvisionStateTable,
+    TransitionNode,
+);
+
 /// Where the API lives: the same origin that served the dashboard.
 pub const GRAPHQL_PATH: &str = "/graphql";
 
@@ -76,6 +86,8 @@ pub struct ApiError {
     pub cursor: Option<String>,
     /// `INVALID_STATE`: the moves that are allowed.
     pub allowed: Vec<String>,
+    /// `BAD_USER_INPUT` about one field: the input path, as `input.bmc.address`.
+    pub field: Option<String>,
 }
 
 impl ApiError {
@@ -86,6 +98,7 @@ impl ApiError {
             current_version: None,
             cursor: None,
             allowed: Vec::new(),
+            field: None,
         }
     }
 
@@ -115,6 +128,10 @@ impl ApiError {
                         .collect()
                 })
                 .unwrap_or_default(),
+            field: ext
+                .get("field")
+                .and_then(|f| f.as_str())
+                .map(str::to_owned),
         }
     }
 
@@ -318,6 +335,16 @@ mod tests {
         let err = into_result(response).expect_err("an error");
         assert_eq!(err.code, "INVALID_STATE");
         assert_eq!(err.allowed, ["retire", "fail"]);
+
+        let error: graphql_client::Error = serde_json::from_value(serde_json::json!({
+            "message": "`input.bmc.address` is plain http",
+            "extensions": { "code": "BAD_USER_INPUT", "field": "input.bmc.address" }
+        }))
+        .expect("an error");
+        assert_eq!(
+            ApiError::from_graphql(error).field.as_deref(),
+            Some("input.bmc.address")
+        );
 
         let empty: Response<serde_json::Value> =
             serde_json::from_value(serde_json::json!({})).expect("a response");
