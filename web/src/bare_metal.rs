@@ -54,9 +54,7 @@ impl MetalWatch {
         let reread = Refresher::new(REREAD_GAP, move || {
             let id = id.clone();
             async move {
-                match gql::run::<BareMetalNodeById>(bare_metal_node_by_id::Variables { id })
-                    .await
-                {
+                match gql::run::<BareMetalNodeById>(bare_metal_node_by_id::Variables { id }).await {
                     Ok(data) => {
                         let _ = view.try_set(BareMetal::of(&data.bare_metal_node));
                     }
@@ -381,7 +379,9 @@ fn WorkflowForm(
         Intent::Abort => (
             "abort",
             format!("Abort the workflow on {hostname}?"),
-            Some("The workflow ends aborted and the node fails with maintenance on; recovering it starts the workflow over."),
+            Some(
+                "The workflow ends aborted and the node fails with maintenance on; recovering it starts the workflow over.",
+            ),
             "Abort",
         ),
         Intent::Move(_, title, wipes) => (
@@ -401,7 +401,10 @@ fn WorkflowForm(
             ));
             return;
         }
-        let Some(id) = watch.view.with_untracked(|v| v.as_ref().map(|v| v.node.id.clone())) else {
+        let Some(id) = watch
+            .view
+            .with_untracked(|v| v.as_ref().map(|v| v.node.id.clone()))
+        else {
             return;
         };
         busy.set(true);

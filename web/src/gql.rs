@@ -83,11 +83,12 @@ pub struct ApiError {
     /// `CONFLICT`: the node's version now.
     pub current_version: Option<i64>,
     /// `RESUME_REQUIRED`: where to resume a subscription.
-    pub cursor: Option<String>,
+    pub cursor: Option<Box<str>>,
     /// `INVALID_STATE`: the moves that are allowed.
     pub allowed: Vec<String>,
-    /// `BAD_USER_INPUT` about one field: the input path, as `input.bmc.address`.
-    pub field: Option<String>,
+    /// `BAD_USER_INPUT` about one field: the input path, as `input.bmc.address`. The rare
+    /// details are boxed strings: every `Result` of the dashboard carries this type.
+    pub field: Option<Box<str>>,
 }
 
 impl ApiError {
@@ -115,10 +116,7 @@ impl ApiError {
             current_version: ext
                 .get("currentVersion")
                 .and_then(serde_json::Value::as_i64),
-            cursor: ext
-                .get("cursor")
-                .and_then(|c| c.as_str())
-                .map(str::to_owned),
+            cursor: ext.get("cursor").and_then(|c| c.as_str()).map(Box::from),
             allowed: ext
                 .get("allowed")
                 .and_then(|a| a.as_array())
@@ -128,10 +126,7 @@ impl ApiError {
                         .collect()
                 })
                 .unwrap_or_default(),
-            field: ext
-                .get("field")
-                .and_then(|f| f.as_str())
-                .map(str::to_owned),
+            field: ext.get("field").and_then(|f| f.as_str()).map(Box::from),
         }
     }
 

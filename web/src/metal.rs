@@ -43,12 +43,6 @@ pub struct MetalNode {
     /// What power actions and aborts pass.
     pub version: i64,
     pub provision_state: String,
-    pub allocations: Vec<Booking>,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Booking {
-    pub active: bool,
 }
 
 /// The node's BMC as the server shows it: never its credentials.
@@ -131,11 +125,6 @@ impl BareMetal {
     /// The workflow under way, if one is.
     pub fn running(&self) -> Option<&Workflow> {
         self.workflows.iter().find(|w| w.status == "RUNNING")
-    }
-
-    /// Whether the node holds active allocations, which powering it off or cycling it ends.
-    pub fn holds_work(&self) -> bool {
-        self.node.allocations.iter().any(|a| a.active)
     }
 
     /// Whether the node page should read the view again soon although no event came: a
@@ -230,7 +219,10 @@ pub fn workflow_summary(w: &Workflow, now: DateTime<Utc>) -> String {
             let running = seconds_between(&w.created_at, now)
                 .map(|s| format!(", running for {}", duration_text(s.max(0))))
                 .unwrap_or_default();
-            format!("{kind}: {position}, {step}{running} (started by {})", w.started_by)
+            format!(
+                "{kind}: {position}, {step}{running} (started by {})",
+                w.started_by
+            )
         }
         "SUCCEEDED" => {
             let took = w
@@ -248,7 +240,10 @@ pub fn workflow_summary(w: &Workflow, now: DateTime<Utc>) -> String {
                 .as_deref()
                 .map(|r| format!(": {r}"))
                 .unwrap_or_default();
-            format!("{kind} {} at {position} ({step}){why}", seed_spelling(status))
+            format!(
+                "{kind} {} at {position} ({step}){why}",
+                seed_spelling(status)
+            )
         }
     }
 }
@@ -423,7 +418,10 @@ pub enum TlsChoice {
 
 /// The TLS choices as the form lists them.
 pub const TLS_CHOICES: [(TlsChoice, &str); 3] = [
-    (TlsChoice::Verify, "Check against the platform's trusted roots"),
+    (
+        TlsChoice::Verify,
+        "Check against the platform's trusted roots",
+    ),
     (TlsChoice::CustomCa, "Check against a CA certificate (PEM)"),
     (TlsChoice::Off, "Do not check (labs only)"),
 ];
@@ -555,7 +553,7 @@ mod tests {
     fn view() -> BareMetal {
         serde_json::from_value(serde_json::json!({
             "node": { "id": "node_1", "hostname": "metal-0001", "version": 7,
-                "provisionState": "COMMISSIONING", "allocations": [{ "active": false }] },
+                "provisionState": "COMMISSIONING" },
             "power": "ON", "powerDriver": "REDFISH", "bmcReachable": true,
             "bmc": { "address": "https://10.0.0.5", "systemId": null,
                 "systemPath": "/redfish/v1/Systems/1", "tlsVerification": "OFF",
@@ -586,7 +584,6 @@ mod tests {
         let v = view();
         assert!(v.is_bare_metal());
         assert_eq!(v.running().map(|w| w.id.as_str()), Some("wf_2"));
-        assert!(!v.holds_work());
         assert_eq!(v.reachability(), ("good", "reachable".to_owned()));
         assert_eq!(power_text(&v.power), "on");
 
@@ -722,7 +719,10 @@ mod tests {
         assert_eq!(names("FAILED"), ["RETIRE", "RECOVER"]);
         // A workflow's own moves and the abort are not the panel's.
         assert!(names("INSPECTING").is_empty());
-        assert!(moves_from(&table, "READY").iter().any(|m| m.2), "retire wipes");
+        assert!(
+            moves_from(&table, "READY").iter().any(|m| m.2),
+            "retire wipes"
+        );
     }
 
     fn filled() -> EnrolForm {
