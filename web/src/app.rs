@@ -37,6 +37,15 @@ pub struct PoolInfo {
     pub name: String,
     pub site_id: String,
     pub kind: String,
+    /// Its `drivers.power` (`redfish` for machines enrolled by their BMC), if it binds one.
+    pub power_driver: Option<String>,
+}
+
+impl PoolInfo {
+    /// Whether machines are enrolled into it by their BMC (`enrollBareMetalNode`).
+    pub fn is_bare_metal(&self) -> bool {
+        self.power_driver.as_deref() == Some(crate::metal::REDFISH)
+    }
 }
 
 /// Shared by every page. The fleet table's filters, sort and selection live here so they
@@ -98,6 +107,11 @@ impl Ctx {
                         .into_iter()
                         .map(|p| PoolInfo {
                             kind: seed_spelling(&gql::wire(&p.kind)),
+                            power_driver: p
+                                .drivers
+                                .iter()
+                                .find(|d| d.key == crate::metal::POWER_DRIVER_KEY)
+                                .map(|d| d.value.clone()),
                             id: p.id,
                             name: p.name,
                             site_id: p.site_id,
@@ -213,6 +227,7 @@ pub fn App() -> impl IntoView {
                             <Route path=path!("/events") view=crate::events::EventsPage/>
                             <Route path=path!("/reservations") view=crate::reservations::ReservationsPage/>
                             <Route path=path!("/reservations/:id") view=crate::reservations::ReservationPage/>
+                            <Route path=path!("/enrol") view=crate::bare_metal::EnrolPage/>
                         </Routes>
                     </main>
                 </Show>
@@ -305,6 +320,7 @@ fn Header() -> impl IntoView {
                 <A href="/capacity">"Capacity"</A>
                 <A href="/reservations">"Reservations"</A>
                 <A href="/events">"Events"</A>
+                <A href="/enrol">"Enrol"</A>
             </nav>
             <span class=move || format!("live-state {}", live().0) data-testid="live-state">
                 {move || live().1}

@@ -61,6 +61,16 @@ operations!(
     ReservationUpdatesLive,
 );
 
+// Bare metal (issue 14): `metal.rs`, `bare_metal.rs`.
+operations!(
+    BareMetalNodeById,
+    EnrollBareMetalNode,
+    PowerNode,
+    AbortWorkflow,
+    ProvisionStateTable,
+    TransitionNode,
+);
+
 /// Where the API lives: the same origin that served the dashboard.
 pub const GRAPHQL_PATH: &str = "/graphql";
 
@@ -73,9 +83,12 @@ pub struct ApiError {
     /// `CONFLICT`: the node's version now.
     pub current_version: Option<i64>,
     /// `RESUME_REQUIRED`: where to resume a subscription.
-    pub cursor: Option<String>,
+    pub cursor: Option<Box<str>>,
     /// `INVALID_STATE`: the moves that are allowed.
     pub allowed: Vec<String>,
+    /// `BAD_USER_INPUT` about one field: the input path, as `input.bmc.address`. The rare
+    /// details are boxed strings: every `Result` of the dashboard carries this type.
+    pub field: Option<Box<str>>,
 }
 
 impl ApiError {
@@ -86,6 +99,7 @@ impl ApiError {
             current_version: None,
             cursor: None,
             allowed: Vec::new(),
+            field: None,
         }
     }
 
@@ -102,10 +116,7 @@ impl ApiError {
             current_version: ext
                 .get("currentVersion")
                 .and_then(serde_json::Value::as_i64),
-            cursor: ext
-                .get("cursor")
-                .and_then(|c| c.as_str())
-                .map(str::to_owned),
+            cursor: ext.get("cursor").and_then(|c| c.as_str()).map(Box::from),
             allowed: ext
                 .get("allowed")
                 .and_then(|a| a.as_array())
@@ -115,6 +126,7 @@ impl ApiError {
                         .collect()
                 })
                 .unwrap_or_default(),
+            field: ext.get("field").and_then(|f| f.as_str()).map(Box::from),
         }
     }
 
@@ -318,6 +330,16 @@ mod tests {
         let err = into_result(response).expect_err("an error");
         assert_eq!(err.code, "INVALID_STATE");
         assert_eq!(err.allowed, ["retire", "fail"]);
+
+        let error: graphql_client::Error = serde_json::from_value(serde_json::json!({
+            "message": "`input.bmc.address` is plain http",
+            "extensions": { "code": "BAD_USER_INPUT", "field": "input.bmc.address" }
+        }))
+        .expect("an error");
+        assert_eq!(
+            ApiError::from_graphql(error).field.as_deref(),
+            Some("input.bmc.address")
+        );
 
         let empty: Response<serde_json::Value> =
             serde_json::from_value(serde_json::json!({})).expect("a response");

@@ -122,7 +122,7 @@ where
                                 deliver(data);
                             }
                             Err(err) if err.code == "RESUME_REQUIRED" => {
-                                after = err.cursor.clone().or(after);
+                                after = err.cursor.as_deref().map(str::to_owned).or(after);
                                 why = "fell behind; resuming".to_owned();
                                 break;
                             }

@@ -5,6 +5,7 @@
 mod actions;
 mod allocations;
 mod app;
+mod bare_metal;
 mod capacity;
 mod events;
 mod fleet;
@@ -12,6 +13,7 @@ mod format;
 mod gql;
 mod history;
 mod live;
+mod metal;
 mod model;
 mod node;
 mod placement;

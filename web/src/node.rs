@@ -1,6 +1,7 @@
 //! A node's page: its axes, why it is or is not schedulable, conditions, reasons, session,
-//! devices, labels and taints, commands with live status and results, and its history. It
-//! follows the node's events and command updates and rereads the node on each.
+//! devices, labels and taints, commands with live status and results, its history, and for a
+//! bare-metal machine its power, BMC and workflows (`bare_metal.rs`). It follows the node's
+//! events and command updates and rereads the node on each.
 
 use std::time::Duration;
 
@@ -10,6 +11,7 @@ use leptos_router::hooks::{use_params_map, use_query_map};
 use crate::actions::{ActionDialog, ActionInput, ActionKind, CommandDialog};
 use crate::allocations::{DrainProgress, NodeAllocations};
 use crate::app::ctx;
+use crate::bare_metal::{BareMetalPanel, MetalWatch};
 use crate::format::{since, timestamp};
 use crate::gql::{
     self, ApiError, CancelCommand, ClearNodeCondition, NodeAsOf, NodeCommandsLive, NodeEvents,
@@ -211,10 +213,15 @@ fn NodeView(id: String, initial: Option<AsOf>) -> impl IntoView {
     };
     reread.trigger();
     reread_timeline.trigger();
+    // Power, the BMC and the workflows: every node gets the read, only bare-metal nodes show
+    // the panel. Their changes are the node's events (power, workflow steps), so the same
+    // signals reread it.
+    let metal = MetalWatch::new(id.clone());
 
     let on_signal = move || {
         reread.trigger();
         reread_timeline.trigger();
+        metal.trigger();
     };
     let events_feed = {
         let id = id.clone();
@@ -426,14 +433,24 @@ fn NodeView(id: String, initial: Option<AsOf>) -> impl IntoView {
                             <Axes node=n.clone() site=name_of(&n.site_id) pool=n.pool_id.as_deref().map(name_of).unwrap_or_default()/>
                             <SessionCard node=n.clone()/>
                         </div>
-                        <Conditions node=n.clone() can_clear=can_change()/>
-                        <LabelsAndTaints node=n.clone() can_change=can_change() on_open=Callback::new(move |(kind, input)| open_with(kind, input))/>
-                        <Devices node=n.clone()/>
-                        <NodeAllocations node=n.clone()/>
-                        <Remediation node=n.clone()/>
-                        <Commands node=n.clone() can_change=can_change() confirming=confirming/>
                     }.into_any()
                 }
+            }}
+            // Outside the node's view, which each reread rebuilds: the panel has its own reads
+            // and dialogs, and an abort reason being typed survives the node's events.
+            <Show when=move || !in_past()>
+                <BareMetalPanel watch=metal can_change=Signal::derive(can_change) is_admin=Signal::derive(is_admin)/>
+            </Show>
+            {move || match (in_past(), node.get()) {
+                (false, Some(Ok(n))) => Some(view! {
+                    <Conditions node=n.clone() can_clear=can_change()/>
+                    <LabelsAndTaints node=n.clone() can_change=can_change() on_open=Callback::new(move |(kind, input)| open_with(kind, input))/>
+                    <Devices node=n.clone()/>
+                    <NodeAllocations node=n.clone()/>
+                    <Remediation node=n.clone()/>
+                    <Commands node=n.clone() can_change=can_change() confirming=confirming/>
+                }),
+                _ => None,
             }}
             {move || dialog.get().map(|d| match d {
                 Dialog::Action(kind, prefill, row) => view! {
