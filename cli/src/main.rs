@@ -17,7 +17,7 @@ use better_compute::auth::{Principal, Role, TokenKeys};
 use better_compute::config::Config;
 use better_compute::service::NodeFilter;
 use better_compute::service::catalog::NewPool;
-use better_compute::service::join::{MAX_JOIN_TOKEN_LIFETIME, MAX_JOIN_TOKEN_USES, NewJoinToken};
+use better_compute::service::join::NewJoinToken;
 use better_compute::{graphql, telemetry};
 use clap::{Parser, Subcommand};
 use std::io::Write;
@@ -432,18 +432,15 @@ async fn start_dev_metal(
     let admin = dev_principal(chrono::Utc::now());
     let site = dev_site(server).await?;
     let pool = ensure_metal_pool(&services, &admin, &site, DEV_METAL_POOL, knobs.gpu_count).await?;
-    // The machines' daemons join at every boot (inspection, deploy, rescue, release), so the
-    // token admits as many joins as the server allows, for as long as it allows.
-    let (_, secret) = services
-        .create_join_token(
-            &admin,
-            NewJoinToken {
-                site_id: site.clone(),
-                pool_id: Some(pool.clone()),
-                lifetime: Some(MAX_JOIN_TOKEN_LIFETIME),
-                max_uses: Some(MAX_JOIN_TOKEN_USES),
-                description: format!("better-compute dev --sim-metal {machines}"),
-            },
+    let place = MetalPlace {
+        principal: admin,
+        site,
+        pool,
+    };
+    let secret = place
+        .join_token(
+            &services,
+            &format!("better-compute dev --sim-metal {machines}"),
         )
         .await?;
     let gateway = server.gateway_url().context("the server runs no gateway")?;
@@ -458,11 +455,6 @@ async fn start_dev_metal(
         seed: DEV_METAL_SEED,
         knobs,
         state_file: Some(config.data_dir.join(DEV_METAL_STATE_FILE)),
-    };
-    let place = MetalPlace {
-        principal: admin,
-        site,
-        pool,
     };
     let fleet = MetalFleet::start(services, place, context, secret, &options).await?;
     let last_line = std::sync::Mutex::new(String::new());

@@ -42,6 +42,7 @@ use better_compute::auth::Principal;
 use better_compute::credentials::BmcCredentials;
 use better_compute::service::bare_metal::NewBmc;
 use better_compute::service::catalog::NewPool;
+use better_compute::service::join::{MAX_JOIN_TOKEN_LIFETIME, MAX_JOIN_TOKEN_USES, NewJoinToken};
 use better_compute::service::{NodeFilter, Services};
 use rustls_pki_types::pem::PemObject;
 use serde::{Deserialize, Serialize};
@@ -918,6 +919,31 @@ pub struct MetalPlace {
     pub principal: Principal,
     pub site: SiteId,
     pub pool: PoolId,
+}
+
+impl MetalPlace {
+    /// A join token for the machines' daemons, which join at every boot (inspection, deploy,
+    /// rescue, release): it admits as many joins as the server allows, for as long as it
+    /// allows. Returns its secret.
+    pub async fn join_token(
+        &self,
+        services: &Services,
+        description: &str,
+    ) -> anyhow::Result<String> {
+        let (_, secret) = services
+            .create_join_token(
+                &self.principal,
+                NewJoinToken {
+                    site_id: self.site.clone(),
+                    pool_id: Some(self.pool.clone()),
+                    lifetime: Some(MAX_JOIN_TOKEN_LIFETIME),
+                    max_uses: Some(MAX_JOIN_TOKEN_USES),
+                    description: description.to_owned(),
+                },
+            )
+            .await?;
+        Ok(secret)
+    }
 }
 
 /// The bare-metal pool `name` of `site` (power through Redfish), created if it does not

@@ -361,34 +361,10 @@ impl RedfishDriver {
     /// collection, else of its managers' (`Links/ManagedBy`); `None` when it has none.
     async fn system_cd(&self, path: &str) -> Result<Option<Value>, BmcError> {
         let system = self.get(path).await?;
-        let mut collections: Vec<String> = system
-            .get("VirtualMedia")
-            .and_then(|v| v.get("@odata.id"))
-            .and_then(Value::as_str)
-            .map(str::to_owned)
-            .into_iter()
-            .collect();
-        let managers: Vec<String> = system
-            .get("Links")
-            .and_then(|l| l.get("ManagedBy"))
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter_map(|m| {
-                m.get("@odata.id")
-                    .and_then(Value::as_str)
-                    .map(str::to_owned)
-            })
-            .collect();
-        for manager in managers {
+        let mut collections: Vec<String> = link(&system, "VirtualMedia").ok().into_iter().collect();
+        for manager in links(system.get("Links"), "ManagedBy") {
             let manager = self.get(&manager).await?;
-            collections.extend(
-                manager
-                    .get("VirtualMedia")
-                    .and_then(|v| v.get("@odata.id"))
-                    .and_then(Value::as_str)
-                    .map(str::to_owned),
-            );
+            collections.extend(link(&manager, "VirtualMedia").ok());
         }
         for collection in collections {
             if let Some(device) = self.virtual_cd(&collection).await? {
@@ -401,18 +377,7 @@ impl RedfishDriver {
     /// The first device of a `VirtualMedia` collection that takes a CD or DVD.
     async fn virtual_cd(&self, collection: &str) -> Result<Option<Value>, BmcError> {
         let list = self.get(collection).await?;
-        let members: Vec<String> = list
-            .get("Members")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter_map(|m| {
-                m.get("@odata.id")
-                    .and_then(Value::as_str)
-                    .map(str::to_owned)
-            })
-            .collect();
-        for member in members {
+        for member in links(Some(&list), "Members") {
             let device = self.get(&member).await?;
             let cd = device
                 .get("MediaTypes")
@@ -484,6 +449,19 @@ fn link(resource: &Value, name: &str) -> Result<String, BmcError> {
         .and_then(Value::as_str)
         .map(str::to_owned)
         .ok_or_else(|| BmcError::UnexpectedAnswer(format!("the service root has no `{name}` link")))
+}
+
+/// The `@odata.id` of every entry of the link list `resource[name]` (`Members`,
+/// `ManagedBy`); an entry without one is skipped, a missing list is empty.
+fn links(resource: Option<&Value>, name: &str) -> Vec<String> {
+    resource
+        .and_then(|r| r.get(name))
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|entry| entry.get("@odata.id").and_then(Value::as_str))
+        .map(str::to_owned)
+        .collect()
 }
 
 /// A `ComputerSystem`'s `PowerState` as the `power` axis.

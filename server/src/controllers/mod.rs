@@ -110,7 +110,13 @@ where
         .into_iter()
         .map(|(id, version, cause)| match outcomes.remove(&id) {
             Some(result) => judge(actor, &id, version, &cause, result),
-            None => Applied::Failed,
+            None => {
+                // `apply_node_changes` answers every item it was given, so only a batch that
+                // named one node twice gets here: its second request found no answer.
+                debug_assert!(false, "no answer for node {id} in its batch");
+                tracing::warn!(%actor, node = %id, %cause, "a controller's batch named a node twice; the repeat was not applied");
+                Applied::Failed
+            }
         })
         .collect()
 }

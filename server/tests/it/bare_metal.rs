@@ -78,20 +78,16 @@ async fn tick_until(
     limit: Duration,
     done: impl Fn(&Value) -> bool,
 ) -> Value {
-    let started = Instant::now();
-    loop {
-        tick(s).await;
-        let v = view(s, id).await;
-        if done(&v) {
-            return v;
+    let mut first = true;
+    let step = async || {
+        if !first {
+            s.clock.advance(chrono::Duration::seconds(120));
         }
-        assert!(
-            started.elapsed() < limit,
-            "not reached within {limit:?}: {v:#}"
-        );
-        s.clock.advance(chrono::Duration::seconds(120));
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        first = false;
+        tick(s).await;
+        view(s, id).await
+    };
+    common::poll_until(limit, Duration::from_millis(200), step, done).await
 }
 
 fn emulator_bmc(emulator: &SushyEmulator, system_id: Option<&str>, password: &str) -> Value {

@@ -10,6 +10,7 @@
 //! the system off, its daemon stops. The Workflow controller is ticked by hand, time moved
 //! with the test clock.
 
+use crate::common::poll_until;
 use bc_core::ids::{PoolId, SiteId};
 use bc_core::workflow::AWAIT_DAEMON_TIMEOUT;
 use bc_testing::bmc::{SushyEmulator, SushyOptions, SushySystem};
@@ -29,6 +30,8 @@ const VIEW: &str = "bareMetalNode { node { id version provisionState failedFrom 
 /// The most real time a workflow may take here: the emulator answers in milliseconds and
 /// a FakeDaemon joins in well under a second, so this only bounds a broken run.
 const LIMIT: Duration = Duration::from_secs(60);
+/// How long [`tick_until`] waits between ticks.
+const POLL_PAUSE: Duration = Duration::from_millis(100);
 
 /// The deploy image the pools of these tests name (`drivers.deploy`).
 const IMAGE: &str = "ubuntu-24.04";
@@ -315,41 +318,28 @@ async fn tick_until(
     mut machine: Option<&mut Machine>,
     done: impl Fn(&Value) -> bool,
 ) -> Value {
-    let started = Instant::now();
-    loop {
+    let step = async || {
         tick(s).await;
-        let mut v = view(s, id).await;
-        if let Some(m) = machine.as_deref_mut() {
-            m.react(s, emulator, place, &v).await;
-            v = view(s, id).await;
+        let v = view(s, id).await;
+        match machine.as_deref_mut() {
+            Some(m) => {
+                m.react(s, emulator, place, &v).await;
+                view(s, id).await
+            }
+            None => v,
         }
-        if done(&v) {
-            return v;
-        }
-        assert!(
-            started.elapsed() < LIMIT,
-            "not reached within {LIMIT:?}: {v:#}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    };
+    poll_until(LIMIT, POLL_PAUSE, step, done).await
 }
 
 /// Ticks the Workflow controller until `done` holds for the node's view, with no harness
 /// playing the machine: what its BMC does is all that happens to it.
 async fn tick_alone(s: &TestServer, id: &str, done: impl Fn(&Value) -> bool) -> Value {
-    let started = Instant::now();
-    loop {
+    let step = async || {
         tick(s).await;
-        let v = view(s, id).await;
-        if done(&v) {
-            return v;
-        }
-        assert!(
-            started.elapsed() < LIMIT,
-            "not reached within {LIMIT:?}: {v:#}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        view(s, id).await
+    };
+    poll_until(LIMIT, POLL_PAUSE, step, done).await
 }
 
 /// Ticks until the workflow of `kind` has ended (the node may have started the next one).

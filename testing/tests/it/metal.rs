@@ -18,7 +18,6 @@ use bc_testing::metal::{
 };
 use better_compute::auth::{Principal, Role};
 use better_compute::controllers::{PowerController, WorkflowController};
-use better_compute::service::join::NewJoinToken;
 use better_compute::service::{NodeFilter, Services};
 use std::sync::Arc;
 use std::time::Duration;
@@ -76,35 +75,26 @@ async fn simulated_bare_metal_machines_are_enrolled_by_their_bmcs_and_walk_to_re
             pool,
             "the pool is created once"
         );
-        let (_, secret) = services
-            .create_join_token(
-                &admin,
-                NewJoinToken {
-                    site_id: site.clone(),
-                    pool_id: Some(pool.clone()),
-                    lifetime: None,
-                    max_uses: Some(100),
-                    description: "simulated bare metal".to_owned(),
-                },
-            )
-            .await
-            .expect("a join token");
         let context = Arc::new(
             GatewayContext::resolve(&s.gateway_url(), &CaTrust::Pem(s.ca_pem()))
                 .await
                 .expect("the gateway"),
         );
+        let place = MetalPlace {
+            principal: admin.clone(),
+            site: site.clone(),
+            pool: pool.clone(),
+        };
+        let secret = place
+            .join_token(&services, "simulated bare metal")
+            .await
+            .expect("a join token");
         let state = tempfile::tempdir().expect("a directory");
         let options = MetalOptions {
             machines: MACHINES,
             seed: 7,
             knobs: DaemonKnobs::default(),
             state_file: Some(state.path().join("bmcs.json")),
-        };
-        let place = MetalPlace {
-            principal: admin.clone(),
-            site: site.clone(),
-            pool: pool.clone(),
         };
         let fleet = MetalFleet::start(
             services.clone(),

@@ -136,3 +136,27 @@ pub async fn metal_pool(s: &TestServer, driver: &str) -> (String, String) {
         .to_owned();
     (site, pool)
 }
+
+/// Runs `step` (a controller tick and a read of the node, say) until `done` holds for what it
+/// returns, pausing `pause` between tries, and returns that value. The test fails with the
+/// last value once `limit` of real time has passed: the controllers under test talk to a
+/// BMC or an emulator, which answer in real time.
+pub async fn poll_until(
+    limit: std::time::Duration,
+    pause: std::time::Duration,
+    mut step: impl AsyncFnMut() -> Value,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
+    let started = std::time::Instant::now();
+    loop {
+        let value = step().await;
+        if done(&value) {
+            return value;
+        }
+        assert!(
+            started.elapsed() < limit,
+            "not reached within {limit:?}: {value:#}"
+        );
+        tokio::time::sleep(pause).await;
+    }
+}
