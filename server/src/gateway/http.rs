@@ -144,7 +144,7 @@ async fn session(
         Ok(identity) => identity.clone(),
         Err(err) => return error(err),
     };
-    if let Err(err) = state.services.current_node(&identity).await {
+    if let Err(err) = state.services.check_identity(&identity).await {
         metrics::counter!("bc_gateway_sessions_refused_total", "code" => err.code()).increment(1);
         return error(err);
     }

@@ -360,19 +360,19 @@ impl Services {
     /// oldest queued command that may run now is dispatched. Returns what to send.
     pub async fn dispatch_commands(&self, node_id: &NodeId, epoch: i64) -> ApiResult<Vec<Command>> {
         let gateway = Actor::Controller("gateway".into());
+        // Most calls have nothing to do (a poke about another node's lane, a result with
+        // nothing queued behind it): they find that out without the writer, which on SQLite
+        // every session, controller and operator queues on.
+        {
+            let open = commands::of_node(self.store.db(), node_id, OPEN_STATUSES).await?;
+            if !anything_to_dispatch(&open, epoch, self.clock.now()) {
+                return Ok(Vec::new());
+            }
+        }
         let txn = self.store.write().await?;
         // Every command this may change is locked here, in id order, before any is written;
         // the events follow at commit (ARCHITECTURE.md, Invariants: lock order).
-        let open = commands::of_node(
-            &*txn,
-            node_id,
-            &[
-                CommandStatus::Queued,
-                CommandStatus::Dispatched,
-                CommandStatus::Running,
-            ],
-        )
-        .await?;
+        let open = commands::of_node(&*txn, node_id, OPEN_STATUSES).await?;
         let now = self.clock.now();
         // Commands still marked dispatched to an older session lost it without the gateway
         // noticing (a crashed replica): they are redelivered (or failed) now, as if that
@@ -388,18 +388,13 @@ impl Services {
                 }
             }
         }
-        let mut busy: HashSet<_> = open
-            .iter()
-            .filter(|c| c.status != CommandStatus::Queued && !c.status.is_final())
-            .map(|c| c.lane)
-            .collect();
+        let mut busy = busy_lanes(&open);
         let mut sent = Vec::new();
         for mut command in open
             .into_iter()
             .filter(|c| c.status == CommandStatus::Queued)
         {
-            if busy.contains(&command.lane) || command.not_before > now || command.expires_at <= now
-            {
+            if busy.contains(&command.lane) || !ready_to_send(&command, now) {
                 continue;
             }
             let from = command.dispatch(epoch, now)?;
@@ -531,4 +526,39 @@ impl Services {
     pub async fn command_queue_depths(&self) -> ApiResult<Vec<(CommandStatus, u64)>> {
         Ok(commands::depths(self.store.db()).await?)
     }
+}
+
+/// The statuses of a command a session may still have to deal with.
+const OPEN_STATUSES: &[CommandStatus] = &[
+    CommandStatus::Queued,
+    CommandStatus::Dispatched,
+    CommandStatus::Running,
+];
+
+/// The lanes in which a command is dispatched or running.
+fn busy_lanes(open: &[Command]) -> HashSet<bc_core::command::Lane> {
+    open.iter()
+        .filter(|c| c.status != CommandStatus::Queued && !c.status.is_final())
+        .map(|c| c.lane)
+        .collect()
+}
+
+/// Whether a queued command may be sent at `now`: past its `notBefore`, not expired.
+fn ready_to_send(command: &Command, now: DateTime<Utc>) -> bool {
+    command.not_before <= now && command.expires_at > now
+}
+
+/// Whether [`Services::dispatch_commands`] would change anything for a session of `epoch`
+/// given a node's open commands: one dispatched to an older session (to redeliver or fail),
+/// or a queued one that may be sent in a free lane. When this says no, the dispatch writes
+/// nothing, so it need not take the writer.
+fn anything_to_dispatch(open: &[Command], epoch: i64, now: DateTime<Utc>) -> bool {
+    let stale = open
+        .iter()
+        .any(|c| c.status != CommandStatus::Queued && c.session_epoch.is_some_and(|e| e < epoch));
+    let busy = busy_lanes(open);
+    stale
+        || open.iter().any(|c| {
+            c.status == CommandStatus::Queued && !busy.contains(&c.lane) && ready_to_send(c, now)
+        })
 }

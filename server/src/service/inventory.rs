@@ -47,9 +47,13 @@ impl Services {
         let gpus_reported = report.iter().any(|r| r.section == "gpus");
         let names: Vec<&str> = report.iter().map(|r| r.section.as_str()).collect();
         let cause = format!("inventory:{}", names.join(","));
-        for r in report {
-            inventory::put_section(&*txn, node_id, &r.section, &r.hash, r.content, now).await?;
-        }
+        inventory::put_sections(
+            &*txn,
+            node_id,
+            report.into_iter().map(|r| (r.section, r.hash, r.content)),
+            now,
+        )
+        .await?;
         self.inventory_controller_in(&txn, node_id, &cause, gpus_reported)
             .await?;
         txn.commit().await?;

@@ -30,7 +30,7 @@ impl Services {
         inventory_hashes: &BTreeMap<String, String>,
         observed_generation: i64,
     ) -> ApiResult<OpenedSession> {
-        self.current_node(identity).await?;
+        self.check_identity(identity).await?;
         let gateway = Actor::Controller("gateway".into());
         let txn = self.store.write().await?;
         let generation = identity.identity_generation;
@@ -120,11 +120,9 @@ impl Services {
 
     /// The node's current spec generation (what the gateway sends as `spec`).
     pub async fn spec_generation(&self, node_id: &NodeId) -> ApiResult<i64> {
-        Ok(
-            nodes::generation_and_pool(&self.store.read().await?, node_id)
-                .await?
-                .map_or(0, |(generation, _)| generation),
-        )
+        Ok(nodes::generation_and_pool(self.store.db(), node_id)
+            .await?
+            .map_or(0, |(generation, _)| generation))
     }
 
     /// The daemon converged spec `generation`: the node's `observedGeneration`.

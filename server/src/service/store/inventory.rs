@@ -7,7 +7,7 @@ use bc_entity::{node_device, node_inventory_section};
 use chrono::{DateTime, Utc};
 use sea_orm::ActiveValue::Set;
 use sea_orm::sea_query::OnConflict;
-use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder};
+use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 use std::collections::BTreeMap;
 
 /// The hash of each inventory section stored for a node.
@@ -15,32 +15,43 @@ pub async fn hashes(
     conn: &impl ConnectionTrait,
     node_id: &NodeId,
 ) -> anyhow::Result<BTreeMap<String, String>> {
+    // The hashes only: the sections' contents are the bulk of the rows.
     Ok(node_inventory_section::Entity::find()
+        .select_only()
+        .column(node_inventory_section::Column::Section)
+        .column(node_inventory_section::Column::Hash)
         .filter(node_inventory_section::Column::NodeId.eq(node_id.to_string()))
+        .into_tuple::<(String, String)>()
         .all(conn)
         .await?
         .into_iter()
-        .map(|row| (row.section, row.hash))
         .collect())
 }
 
-/// Stores (or replaces) one inventory section.
-pub async fn put_section(
+/// Stores (or replaces) a node's inventory sections, `(section, hash, content)`, in one
+/// statement.
+pub async fn put_sections(
     conn: &impl ConnectionTrait,
     node_id: &NodeId,
-    section: &str,
-    hash: &str,
-    content: serde_json::Value,
+    sections: impl IntoIterator<Item = (String, String, serde_json::Value)>,
     now: DateTime<Utc>,
 ) -> anyhow::Result<()> {
-    let row = node_inventory_section::ActiveModel {
-        node_id: Set(node_id.to_string()),
-        section: Set(section.to_owned()),
-        hash: Set(hash.to_owned()),
-        content: Set(content),
-        reported_at: Set(now),
-    };
-    node_inventory_section::Entity::insert(row)
+    let rows: Vec<_> = sections
+        .into_iter()
+        .map(
+            |(section, hash, content)| node_inventory_section::ActiveModel {
+                node_id: Set(node_id.to_string()),
+                section: Set(section),
+                hash: Set(hash),
+                content: Set(content),
+                reported_at: Set(now),
+            },
+        )
+        .collect();
+    if rows.is_empty() {
+        return Ok(());
+    }
+    node_inventory_section::Entity::insert_many(rows)
         .on_conflict(
             OnConflict::columns([
                 node_inventory_section::Column::NodeId,

@@ -53,6 +53,22 @@ pub async fn lock(conn: &impl ConnectionTrait, id: &NodeId) -> anyhow::Result<bo
     Ok(row.is_some())
 }
 
+/// A live node's identity generation, without the rest of the node: what every gateway
+/// route checks a client certificate against. `None` if the node does not exist or is
+/// deleted.
+pub async fn live_identity_generation(
+    conn: &impl ConnectionTrait,
+    id: &NodeId,
+) -> anyhow::Result<Option<i64>> {
+    Ok(node::Entity::find_by_id(id.to_string())
+        .select_only()
+        .column(node::Column::IdentityGeneration)
+        .filter(node::Column::DeletedAt.is_null())
+        .into_tuple::<i64>()
+        .one(conn)
+        .await?)
+}
+
 /// A live or deleted node's spec generation and pool, without the rest of the node (one
 /// statement where [`load`] takes five): what a session's hello and an inventory report ask
 /// of the node before they change it. `None` if the node does not exist.
