@@ -301,7 +301,7 @@ impl Services {
         let now = self.clock.now();
         let txn = self.store.write().await?;
         // Lock order: the node row first, then its BMC row; the event at commit.
-        if !nodes::lock(&*txn, id).await? {
+        if !nodes::lock_existing(&*txn, id).await? {
             return Err(not_found(id));
         }
         store::poll_at(&*txn, id, now).await?;

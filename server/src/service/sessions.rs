@@ -30,7 +30,9 @@ impl Services {
         inventory_hashes: &BTreeMap<String, String>,
         observed_generation: i64,
     ) -> ApiResult<OpenedSession> {
-        self.check_identity(identity).await?;
+        // The gateway checked the certificate before the upgrade ([`Services::check_identity`]);
+        // a revocation since then is caught below, in the transaction, by the visibility
+        // check on the identity generation.
         let gateway = Actor::Controller("gateway".into());
         let txn = self.store.write().await?;
         let generation = identity.identity_generation;

@@ -1508,3 +1508,121 @@ async fn create_site_and_create_pool_refuse_bad_input() {
     })
     .await;
 }
+
+/// A node's child rows (labels, taints, conditions with and without a proof, reasons) are
+/// read back as written, for one node and for a page of several: they come back from one
+/// `UNION ALL` of the four tables, whose columns share generic slots.
+#[tokio::test]
+async fn child_rows_load_back_as_written_one_node_or_many() {
+    each_backend(async |s| {
+        let (site, pool) = s.site_and_pool(8).await;
+        // Whole microseconds: both databases keep timestamps to the microsecond.
+        let now = chrono::DateTime::from_timestamp_micros(s.clock.now().timestamp_micros())
+            .expect("a valid time");
+        let by = Actor::Controller("test".into());
+        let nodes: Vec<NodeRecord> = (0..4)
+            .map(|i| {
+                let mut n = NodeRecord::new(
+                    NewNode {
+                        hostname: format!("children-{i}.example.com"),
+                        site_id: SiteId::parse(&site).expect("a site id"),
+                        pool_id: Some(PoolId::parse(&pool).expect("a pool id")),
+                        owner_tenant_id: None,
+                        role: Role::Host,
+                        trust: Trust::Platform,
+                        adapter: Adapter::BcdV1,
+                        drivers: BTreeMap::new(),
+                        provision_state: ProvisionState::Adopted,
+                    },
+                    now,
+                )
+                .expect("a valid node");
+                // Node 3 has no child rows at all; the others have more the higher they are.
+                if i < 3 {
+                    let labels = (0..=i)
+                        .map(|l| (format!("rack-{l}"), format!("r{i}{l}")))
+                        .collect();
+                    n.update_labels(&labels, &[]).expect("labels");
+                }
+                if (1..3).contains(&i) {
+                    n.taint(
+                        "gpu",
+                        "flaky",
+                        bc_core::axes::TaintEffect::NoSchedule,
+                        &by,
+                        now,
+                    )
+                    .expect("a taint");
+                    n.set_condition(
+                        "DiskPressure",
+                        ConditionStatus::True,
+                        "Full",
+                        "the disk is full",
+                        true,
+                        &by,
+                        now,
+                    )
+                    .expect("a condition");
+                }
+                if i == 2 {
+                    // A condition that clears only on proof carries its proof.
+                    n.report_condition(
+                        bc_core::clear::GPU_NEEDS_RESET,
+                        ConditionStatus::True,
+                        "Xid79",
+                        "GPU fell off the bus",
+                        &by,
+                        now,
+                    )
+                    .expect("a proof condition");
+                }
+                n
+            })
+            .collect();
+        assert!(
+            nodes[2].conditions.iter().any(|c| c.proof.is_some())
+                && nodes[2].conditions.iter().any(|c| c.proof.is_none())
+                && !nodes[2].no_schedule_reasons.is_empty()
+                && !nodes[2].taints.is_empty(),
+            "the fixture has every kind of child row: {:?}",
+            nodes[2]
+        );
+        s.insert_nodes(&nodes).await;
+        let services = &s.server.services;
+        for node in &nodes {
+            let loaded = services
+                .node_record(&node.id)
+                .await
+                .expect("loading a node")
+                .expect("the node exists");
+            assert_eq!(&loaded, node, "one node loads back as written");
+        }
+        let admin = better_compute::auth::Principal {
+            subject: "test-admin".into(),
+            role: ApiRole::Admin,
+            tenant: None,
+            expires_at: now + chrono::Duration::hours(1),
+        };
+        let page = services
+            .nodes(
+                &admin,
+                better_compute::service::NodeFilter::default(),
+                None,
+                10,
+            )
+            .await
+            .expect("a page of nodes");
+        assert_eq!(page.nodes.len(), nodes.len());
+        for detail in &page.nodes {
+            let written = nodes
+                .iter()
+                .find(|n| n.id == detail.record.id)
+                .expect("a written node");
+            assert_eq!(
+                &detail.record, written,
+                "a page's node loads back as written"
+            );
+        }
+    })
+    .await;
+}

@@ -33,7 +33,7 @@ use sea_orm::{
     SqliteTransactionMode, TransactionOptions, TransactionTrait,
 };
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::{Mutex, Notify, OwnedMutexGuard};
 
 use crate::config::DatabaseConfig;
@@ -70,6 +70,7 @@ pub struct Store {
 pub struct WriteTxn {
     txn: DatabaseTransaction,
     _guard: Option<OwnedMutexGuard<()>>,
+    _held: WriterHeld,
     committed: Arc<Notify>,
     /// The events to write at commit, in the order they were appended.
     events: std::sync::Mutex<Vec<bc_entity::event::ActiveModel>>,
@@ -84,6 +85,7 @@ impl WriteTxn {
         WriteTxn {
             txn,
             _guard: guard,
+            _held: WriterHeld(Instant::now()),
             committed,
             events: std::sync::Mutex::default(),
         }
@@ -120,6 +122,18 @@ impl WriteTxn {
         self.txn.commit().await?;
         self.committed.notify_one();
         Ok(())
+    }
+}
+
+/// Records how long a write transaction held the writer (`bc_db_writer_held_seconds`) when
+/// it ends, committed or not. With `bc_db_writer_wait_seconds` it tells whether writes
+/// queue because the writer is busy (held most of each second) or because each holds it
+/// long (README: "Profiling").
+struct WriterHeld(Instant);
+
+impl Drop for WriterHeld {
+    fn drop(&mut self) {
+        metrics::histogram!("bc_db_writer_held_seconds").record(self.0.elapsed().as_secs_f64());
     }
 }
 
@@ -184,7 +198,10 @@ impl Store {
     pub async fn write(&self) -> Result<WriteTxn, sea_orm::DbErr> {
         match &self.sqlite_write_lock {
             Some(lock) => {
+                let asked = Instant::now();
                 let guard = lock.clone().lock_owned().await;
+                metrics::histogram!("bc_db_writer_wait_seconds")
+                    .record(asked.elapsed().as_secs_f64());
                 let txn = self
                     .db
                     .begin_with_options(TransactionOptions {

@@ -12,7 +12,8 @@ use bc_entity::{
 };
 use sea_orm::sea_query::{Expr, ExprTrait, Query};
 use sea_orm::{
-    ColumnTrait, Condition, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
+    ColumnTrait, Condition, ConnectionTrait, DbBackend, EntityTrait, QueryFilter, QueryOrder,
+    QuerySelect,
 };
 use std::collections::HashMap;
 
@@ -38,11 +39,20 @@ pub async fn load(
     Ok(Some(rows::node_record(row, node_children)?))
 }
 
-/// Locks one node row until the transaction ends, without reading it (PostgreSQL; SQLite's
-/// write transaction holds the whole database already). A transaction that writes a node's
-/// session or inventory row as well as the node takes this first: node rows come first in
-/// the lock order of ARCHITECTURE.md's Invariants. Returns whether the node exists.
-pub async fn lock(conn: &impl ConnectionTrait, id: &NodeId) -> anyhow::Result<bool> {
+/// Locks one node row until the transaction ends, without reading it (PostgreSQL). A
+/// transaction that writes a node's session or inventory row as well as the node takes this
+/// first: node rows come first in the lock order of ARCHITECTURE.md's Invariants. SQLite's
+/// write transaction holds the whole database already, so there it runs no statement: the
+/// writer runs a few of these for every node that connects.
+pub async fn lock(conn: &impl ConnectionTrait, id: &NodeId) -> anyhow::Result<()> {
+    if conn.get_database_backend() == DbBackend::Postgres {
+        lock_existing(conn, id).await?;
+    }
+    Ok(())
+}
+
+/// [`lock`], on every backend, and whether the node exists.
+pub async fn lock_existing(conn: &impl ConnectionTrait, id: &NodeId) -> anyhow::Result<bool> {
     let select = node::Entity::find_by_id(id.to_string())
         .select_only()
         .column(node::Column::Id);
@@ -138,61 +148,203 @@ pub async fn lock_many(conn: &impl ConnectionTrait, ids: &[NodeId]) -> anyhow::R
     Ok(())
 }
 
-/// The child rows (labels, taints, conditions, reasons) of several nodes, four queries in all.
+/// How many nodes' child rows one statement of [`load_children`] asks for: each id is bound
+/// once per child table, and the backends bound a statement's parameters (SQLite 32,766).
+const CHILD_LOAD_CHUNK: usize = 1000;
+
+/// The child rows (labels, taints, conditions, reasons) of several nodes, in one statement per
+/// [`CHILD_LOAD_CHUNK`] nodes: the four tables' rows as one `UNION ALL`, each row tagged with
+/// its table. Loading a node is what every node change starts with, mostly inside a write
+/// transaction, and on SQLite each statement is a round trip to the database's thread while
+/// every other writer waits: a statement for each table made a node's load five of them.
 async fn load_children(
     conn: &impl ConnectionTrait,
     ids: &[String],
 ) -> anyhow::Result<HashMap<String, NodeChildren>> {
     let mut by_node: HashMap<String, NodeChildren> = HashMap::new();
-    if ids.is_empty() {
-        return Ok(by_node);
-    }
-    let ids = ids.to_vec();
-    for row in node_label::Entity::find()
-        .filter(node_label::Column::NodeId.is_in(ids.clone()))
-        .all(conn)
-        .await?
-    {
-        by_node
-            .entry(row.node_id.clone())
-            .or_default()
-            .labels
-            .push(row);
-    }
-    for row in node_taint::Entity::find()
-        .filter(node_taint::Column::NodeId.is_in(ids.clone()))
-        .all(conn)
-        .await?
-    {
-        by_node
-            .entry(row.node_id.clone())
-            .or_default()
-            .taints
-            .push(row);
-    }
-    for row in node_condition::Entity::find()
-        .filter(node_condition::Column::NodeId.is_in(ids.clone()))
-        .all(conn)
-        .await?
-    {
-        by_node
-            .entry(row.node_id.clone())
-            .or_default()
-            .conditions
-            .push(row);
-    }
-    for row in node_no_schedule_reason::Entity::find()
-        .filter(node_no_schedule_reason::Column::NodeId.is_in(ids))
-        .all(conn)
-        .await?
-    {
-        by_node
-            .entry(row.node_id.clone())
-            .or_default()
-            .reasons
-            .push(row);
+    for chunk in ids.chunks(CHILD_LOAD_CHUNK) {
+        for row in conn.query_all(&children_of(chunk)).await? {
+            let node_id: String = row.try_get("", child::NODE_ID)?;
+            let kind: String = row.try_get("", child::KIND)?;
+            let text = |slot: &str| -> anyhow::Result<String> {
+                row.try_get::<Option<String>>("", slot)?
+                    .ok_or_else(|| anyhow!("corrupt row: {kind} {node_id} has no {slot}"))
+            };
+            let time = |slot: &str| -> anyhow::Result<chrono::DateTime<chrono::Utc>> {
+                row.try_get::<Option<chrono::DateTime<chrono::Utc>>>("", slot)?
+                    .ok_or_else(|| anyhow!("corrupt row: {kind} {node_id} has no {slot}"))
+            };
+            let children = by_node.entry(node_id.clone()).or_default();
+            match kind.as_str() {
+                child::CONDITION => children.conditions.push(node_condition::Model {
+                    condition_type: text(child::TEXT[0])?,
+                    status: text(child::TEXT[1])?,
+                    reason: text(child::TEXT[2])?,
+                    message: text(child::TEXT[3])?,
+                    set_by: text(child::TEXT[4])?,
+                    no_schedule: row.try_get::<Option<bool>>("", child::FLAG)?.ok_or_else(
+                        || anyhow!("corrupt row: condition of {node_id} has no flag"),
+                    )?,
+                    last_transition_at: time(child::TIME[0])?,
+                    updated_at: time(child::TIME[1])?,
+                    proof: row.try_get("", child::JSON)?,
+                    node_id,
+                }),
+                child::TAINT => children.taints.push(node_taint::Model {
+                    key: text(child::TEXT[0])?,
+                    value: text(child::TEXT[1])?,
+                    effect: text(child::TEXT[2])?,
+                    added_by: text(child::TEXT[3])?,
+                    added_at: time(child::TIME[0])?,
+                    node_id,
+                }),
+                child::LABEL => children.labels.push(node_label::Model {
+                    key: text(child::TEXT[0])?,
+                    value: text(child::TEXT[1])?,
+                    node_id,
+                }),
+                child::REASON => children.reasons.push(node_no_schedule_reason::Model {
+                    reason: text(child::TEXT[0])?,
+                    set_by: text(child::TEXT[1])?,
+                    detail: text(child::TEXT[2])?,
+                    since: time(child::TIME[0])?,
+                    node_id,
+                }),
+                other => return Err(anyhow!("unknown child row kind `{other}`")),
+            }
+        }
     }
     Ok(by_node)
+}
+
+/// The result columns of [`children_of`]: each table's columns in generic slots, by type.
+mod child {
+    pub const KIND: &str = "child_kind";
+    pub const NODE_ID: &str = "child_node_id";
+    pub const TEXT: [&str; 5] = ["child_t1", "child_t2", "child_t3", "child_t4", "child_t5"];
+    pub const FLAG: &str = "child_flag";
+    pub const TIME: [&str; 2] = ["child_at1", "child_at2"];
+    pub const JSON: &str = "child_json";
+    pub const CONDITION: &str = "condition";
+    pub const TAINT: &str = "taint";
+    pub const LABEL: &str = "label";
+    pub const REASON: &str = "reason";
+}
+
+/// The `UNION ALL` of [`load_children`]. Conditions come first because they fill every slot:
+/// the first member's columns give the result its types (PostgreSQL resolves the other
+/// members' `NULL`s to them, SQLite reports them as the columns' declared types).
+fn children_of(ids: &[String]) -> sea_orm::sea_query::SelectStatement {
+    use sea_orm::sea_query::{Alias, UnionType};
+    fn member<E: EntityTrait>(
+        entity: E,
+        kind: &str,
+        node_id: E::Column,
+        slots: [Option<Expr>; 9],
+        ids: &[String],
+    ) -> sea_orm::sea_query::SelectStatement {
+        let names = child::TEXT
+            .iter()
+            .chain([&child::FLAG])
+            .chain(child::TIME.iter())
+            .chain([&child::JSON]);
+        let mut select = Query::select();
+        select
+            .expr_as(Expr::val(kind), Alias::new(child::KIND))
+            .expr_as(Expr::col(node_id), Alias::new(child::NODE_ID));
+        for (slot, name) in slots.into_iter().zip(names) {
+            select.expr_as(
+                slot.unwrap_or_else(|| Expr::cust("NULL")),
+                Alias::new(*name),
+            );
+        }
+        select
+            .from(entity)
+            .and_where(Expr::col(node_id).is_in(ids.iter().cloned()));
+        select
+    }
+    use node_condition::Column as C;
+    use node_label::Column as L;
+    use node_no_schedule_reason::Column as R;
+    use node_taint::Column as T;
+    let c = |column: C| Some(Expr::col(column));
+    let t = |column: T| Some(Expr::col(column));
+    let l = |column: L| Some(Expr::col(column));
+    let r = |column: R| Some(Expr::col(column));
+    let mut query = member(
+        node_condition::Entity,
+        child::CONDITION,
+        C::NodeId,
+        [
+            c(C::ConditionType),
+            c(C::Status),
+            c(C::Reason),
+            c(C::Message),
+            c(C::SetBy),
+            c(C::NoSchedule),
+            c(C::LastTransitionAt),
+            c(C::UpdatedAt),
+            c(C::Proof),
+        ],
+        ids,
+    );
+    let taints = member(
+        node_taint::Entity,
+        child::TAINT,
+        T::NodeId,
+        [
+            t(T::Key),
+            t(T::Value),
+            t(T::Effect),
+            t(T::AddedBy),
+            None,
+            None,
+            t(T::AddedAt),
+            None,
+            None,
+        ],
+        ids,
+    );
+    let labels = member(
+        node_label::Entity,
+        child::LABEL,
+        L::NodeId,
+        [
+            l(L::Key),
+            l(L::Value),
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+        ],
+        ids,
+    );
+    let reasons = member(
+        node_no_schedule_reason::Entity,
+        child::REASON,
+        R::NodeId,
+        [
+            r(R::Reason),
+            r(R::SetBy),
+            r(R::Detail),
+            None,
+            None,
+            None,
+            r(R::Since),
+            None,
+            None,
+        ],
+        ids,
+    );
+    query.unions([
+        (UnionType::All, taints),
+        (UnionType::All, labels),
+        (UnionType::All, reasons),
+    ]);
+    query
 }
 
 /// Writes a new node and its children.
