@@ -1515,28 +1515,12 @@ async fn create_site_and_create_pool_refuse_bad_input() {
 #[tokio::test]
 async fn child_rows_load_back_as_written_one_node_or_many() {
     each_backend(async |s| {
-        let (site, pool) = s.site_and_pool(8).await;
-        // Whole microseconds: both databases keep timestamps to the microsecond.
-        let now = chrono::DateTime::from_timestamp_micros(s.clock.now().timestamp_micros())
-            .expect("a valid time");
+        let place = crate::common::site_and_pool(s).await;
+        let now = s.clock.now();
         let by = Actor::Controller("test".into());
         let nodes: Vec<NodeRecord> = (0..4)
             .map(|i| {
-                let mut n = NodeRecord::new(
-                    NewNode {
-                        hostname: format!("children-{i}.example.com"),
-                        site_id: SiteId::parse(&site).expect("a site id"),
-                        pool_id: Some(PoolId::parse(&pool).expect("a pool id")),
-                        owner_tenant_id: None,
-                        role: Role::Host,
-                        trust: Trust::Platform,
-                        adapter: Adapter::BcdV1,
-                        drivers: BTreeMap::new(),
-                        provision_state: ProvisionState::Adopted,
-                    },
-                    now,
-                )
-                .expect("a valid node");
+                let mut n = crate::common::node_record(s, &place, ProvisionState::Adopted);
                 // Node 3 has no child rows at all; the others have more the higher they are.
                 if i < 3 {
                     let labels = (0..=i)
