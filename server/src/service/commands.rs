@@ -372,16 +372,13 @@ impl Services {
         let txn = self.store.write().await?;
         // Every command this may change is locked here, in id order, before any is written;
         // the events follow at commit (ARCHITECTURE.md, Invariants: lock order).
-        let open = commands::of_node(&*txn, node_id, OPEN_STATUSES).await?;
+        let mut open = commands::of_node(&*txn, node_id, OPEN_STATUSES).await?;
         let now = self.clock.now();
         // Commands still marked dispatched to an older session lost it without the gateway
         // noticing (a crashed replica): they are redelivered (or failed) now, as if that
         // session had ended cleanly.
-        let mut open = open;
         for command in open.iter_mut() {
-            let stale = command.status != CommandStatus::Queued
-                && command.session_epoch.is_some_and(|e| e < epoch);
-            if stale {
+            if lost_with_older_session(command, epoch) {
                 let from = command.session_lost(now)?;
                 if commands::save(&*txn, from, command).await? {
                     events::append_command(&txn, command, Some(from), &gateway, now);
@@ -548,16 +545,19 @@ fn ready_to_send(command: &Command, now: DateTime<Utc>) -> bool {
     command.not_before <= now && command.expires_at > now
 }
 
+/// Whether a command was sent to a session older than `epoch` and not finished: that
+/// session is gone, so the command is redelivered or failed.
+fn lost_with_older_session(command: &Command, epoch: i64) -> bool {
+    command.status != CommandStatus::Queued && command.session_epoch.is_some_and(|e| e < epoch)
+}
+
 /// Whether [`Services::dispatch_commands`] would change anything for a session of `epoch`
 /// given a node's open commands: one dispatched to an older session (to redeliver or fail),
 /// or a queued one that may be sent in a free lane. When this says no, the dispatch writes
 /// nothing, so it need not take the writer.
 fn anything_to_dispatch(open: &[Command], epoch: i64, now: DateTime<Utc>) -> bool {
-    let stale = open
-        .iter()
-        .any(|c| c.status != CommandStatus::Queued && c.session_epoch.is_some_and(|e| e < epoch));
     let busy = busy_lanes(open);
-    stale
+    open.iter().any(|c| lost_with_older_session(c, epoch))
         || open.iter().any(|c| {
             c.status == CommandStatus::Queued && !busy.contains(&c.lane) && ready_to_send(c, now)
         })
