@@ -76,16 +76,6 @@ async fn flush(services: &Services, batch: &mut Vec<Beat>) {
     if batch.is_empty() {
         return;
     }
-    // The same session may have beaten twice within one flush; only the latest counts.
-    batch.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)).then(a.2.cmp(&b.2)));
-    batch.dedup_by(|later, earlier| {
-        if later.0 == earlier.0 && later.1 == earlier.1 {
-            earlier.2 = earlier.2.max(later.2);
-            true
-        } else {
-            false
-        }
-    });
     let started = std::time::Instant::now();
     match services.record_heartbeats(batch).await {
         Ok(stale) => {

@@ -306,6 +306,85 @@ async fn nothing_happens_within_the_grace() {
     .await;
 }
 
+/// The gateway writes heartbeats a thousand to a statement. A batch of more than one such
+/// chunk records the newest beat of every current session and reports the rest stale
+/// without touching their rows: a session reopened since (an older epoch), a closed
+/// session, a node that never opened one, and the older of two epochs one node beat with.
+#[tokio::test]
+async fn a_batch_of_heartbeats_records_current_sessions_and_reports_the_rest_stale() {
+    each_backend(async |s| {
+        let site = site(s).await;
+        let ids = connected_nodes(s, &site, 1_203).await;
+        let sessionless = connected_node(s, &site);
+        s.insert_nodes(std::slice::from_ref(&sessionless)).await;
+        let db = s.database().await;
+        let set_session = async |id: &NodeId, column: node_session::Column, value: Expr| {
+            node_session::Entity::update_many()
+                .col_expr(column, value)
+                .filter(node_session::Column::NodeId.eq(id.to_string()))
+                .exec(&db)
+                .await
+                .expect("changing a session row");
+        };
+        // Node 1 reconnected (epoch 2) and beats in both sessions; node 2's session was
+        // closed; node 6 reconnected twice and only its first session's beat arrives.
+        set_session(&ids[1], node_session::Column::Epoch, Expr::value(2)).await;
+        set_session(
+            &ids[2],
+            node_session::Column::DisconnectedAt,
+            Expr::value(Some(now(s))),
+        )
+        .await;
+        set_session(&ids[6], node_session::Column::Epoch, Expr::value(3)).await;
+        let opened = now(s);
+        let first = opened + Duration::seconds(10);
+        let second = opened + Duration::seconds(11);
+        let mut beats: Vec<(NodeId, i64, DateTime<Utc>)> =
+            ids.iter().map(|id| (id.clone(), 1, first)).collect();
+        beats.push((ids[3].clone(), 1, second));
+        beats.push((ids[1].clone(), 2, second));
+        beats.push((sessionless.id.clone(), 1, first));
+
+        let mut stale = s
+            .server
+            .services
+            .record_heartbeats(&beats)
+            .await
+            .unwrap_or_else(|err| panic!("recording heartbeats: {}", err.message()));
+
+        stale.sort();
+        let mut expected = vec![
+            (ids[1].clone(), 1),
+            (ids[2].clone(), 1),
+            (ids[6].clone(), 1),
+            (sessionless.id.clone(), 1),
+        ];
+        expected.sort();
+        assert_eq!(stale, expected);
+        let last_seen: BTreeMap<String, i64> = node_session::Entity::find()
+            .all(&db)
+            .await
+            .expect("reading sessions")
+            .into_iter()
+            .map(|row| (row.node_id, row.last_seen.timestamp_micros()))
+            .collect();
+        assert_eq!(last_seen.len(), ids.len(), "no session row was added");
+        for (i, id) in ids.iter().enumerate() {
+            let expected = match i {
+                1 | 3 => second,
+                2 | 6 => opened,
+                _ => first,
+            };
+            assert_eq!(
+                last_seen[&id.to_string()],
+                expected.timestamp_micros(),
+                "node {i}'s last_seen"
+            );
+        }
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn closed_and_missing_sessions() {
     each_backend(async |s| {
