@@ -155,7 +155,7 @@ impl LifecycleController {
                     let why = std::mem::take(&mut decided.why);
                     NodeChangeRequest {
                         id: decided.node.clone(),
-                        expected_version: decided.version,
+                        expected_version: Some(decided.version),
                         cause: std::mem::take(&mut decided.cause),
                         change: move |n: &mut NodeRecord, _: &Actor, _: DateTime<Utc>| {
                             n.apply_move(action, Some(&why))
@@ -187,7 +187,7 @@ impl LifecycleController {
                 .iter()
                 .map(|(id, version)| NodeChangeRequest {
                     id: id.clone(),
-                    expected_version: *version,
+                    expected_version: Some(*version),
                     cause: "node-spec:initial".to_owned(),
                     change: |n: &mut NodeRecord, _: &Actor, _: DateTime<Utc>| {
                         Ok(if n.generation == 0 {

@@ -45,7 +45,6 @@ use crate::config::LivenessConfig;
 use crate::error::{ApiError, ApiResult};
 use crate::service::Services;
 use crate::service::node_changes::{NodeChangeRequest, NodeTransition};
-use std::collections::HashMap;
 
 /// What became of one node a controller tried to change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,7 +76,12 @@ where
     let result = services
         .apply_node_change(actor, id, Some(version), &everyone, cause, change)
         .await;
-    judge(actor, id, version, cause, result)
+    judge(
+        actor,
+        id,
+        cause,
+        result.map(|after| after.version > version),
+    )
 }
 
 /// [`apply`] for many nodes in one transaction ([`Services::apply_node_changes`]), each
@@ -92,46 +96,31 @@ pub(crate) async fn apply_batch<F>(
 where
     F: NodeTransition,
 {
-    let asked: Vec<(NodeId, i64, String)> = requests
-        .iter()
-        .map(|r| (r.id.clone(), r.expected_version, r.cause.clone()))
-        .collect();
-    let mut outcomes: HashMap<NodeId, ApiResult<NodeRecord>> = match services
-        .apply_node_changes(actor, requests)
-        .await
-    {
-        Ok(outcomes) => outcomes.into_iter().collect(),
+    let asked = requests.len();
+    let causes: Vec<String> = requests.iter().map(|r| r.cause.clone()).collect();
+    match services.apply_node_changes(actor, requests).await {
+        // One outcome per request, in the order given.
+        Ok(outcomes) => outcomes
+            .into_iter()
+            .zip(causes)
+            .map(|((id, outcome), cause)| {
+                let changed = outcome.map(|(_, changes)| !changes.is_empty());
+                judge(actor, &id, &cause, changed)
+            })
+            .collect(),
         Err(err) => {
-            tracing::warn!(%actor, nodes = asked.len(), code = err.code(), error = %err.message(), "a controller could not change a batch of nodes");
-            return vec![Applied::Failed; asked.len()];
+            tracing::warn!(%actor, nodes = asked, code = err.code(), error = %err.message(), "a controller could not change a batch of nodes");
+            vec![Applied::Failed; asked]
         }
-    };
-    asked
-        .into_iter()
-        .map(|(id, version, cause)| match outcomes.remove(&id) {
-            Some(result) => judge(actor, &id, version, &cause, result),
-            None => {
-                // `apply_node_changes` answers every item it was given, so only a batch that
-                // named one node twice gets here: its second request found no answer.
-                debug_assert!(false, "no answer for node {id} in its batch");
-                tracing::warn!(%actor, node = %id, %cause, "a controller's batch named a node twice; the repeat was not applied");
-                Applied::Failed
-            }
-        })
-        .collect()
+    }
 }
 
 /// What became of one node change, logged as a controller logs it.
-fn judge(
-    actor: &Actor,
-    id: &NodeId,
-    version: i64,
-    cause: &str,
-    result: ApiResult<NodeRecord>,
-) -> Applied {
+/// `result` is whether the node changed.
+fn judge(actor: &Actor, id: &NodeId, cause: &str, result: ApiResult<bool>) -> Applied {
     match result {
-        Ok(after) if after.version > version => Applied::Changed,
-        Ok(_) => Applied::Unchanged,
+        Ok(true) => Applied::Changed,
+        Ok(false) => Applied::Unchanged,
         Err(err @ (ApiError::Conflict { .. } | ApiError::NotFound(_))) => {
             tracing::debug!(node = %id, %actor, cause, code = err.code(), "node changed under the controller; trying again next tick");
             Applied::Skipped

@@ -8,6 +8,7 @@
 mod heartbeats;
 mod http;
 mod session;
+mod session_opener;
 mod tls;
 
 use bc_core::event::EventType;
@@ -24,6 +25,7 @@ use crate::listener::{
 };
 use crate::service::Services;
 pub use heartbeats::HeartbeatWriter;
+pub use session_opener::SessionOpener;
 
 /// How long a shutting-down gateway waits for its sessions to say goodbye and record their
 /// end (commands requeued, the node `disconnected`).
@@ -36,6 +38,7 @@ pub(crate) struct GatewayState {
     pub gateway_id: Arc<str>,
     pub heartbeat_interval: Duration,
     pub heartbeats: HeartbeatWriter,
+    pub session_opener: SessionOpener,
     pub shutdown: watch::Receiver<bool>,
     pub session_tasks: SessionTasks,
 }
@@ -72,7 +75,8 @@ pub struct Gateway {
     pub gateway_id: String,
     shutdown: watch::Sender<bool>,
     task: JoinHandle<()>,
-    /// The heartbeat writer and the command router, which stop with `shutdown`.
+    /// The heartbeat writer, the session opener and the command router, which stop with
+    /// `shutdown`.
     background: Vec<JoinHandle<()>>,
     session_tasks: SessionTasks,
     services: Services,
@@ -99,11 +103,15 @@ impl Gateway {
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let (heartbeats, heartbeat_writer) =
             HeartbeatWriter::start(services.clone(), shutdown_rx.clone());
+        let gateway_id: Arc<str> = gateway_id.into();
+        let (session_opener, session_opener_task) =
+            SessionOpener::start(services.clone(), gateway_id.clone(), shutdown_rx.clone());
         let session_tasks = SessionTasks::default();
         let state = GatewayState {
             heartbeats,
+            session_opener,
             services: services.clone(),
-            gateway_id: gateway_id.clone().into(),
+            gateway_id: gateway_id.clone(),
             heartbeat_interval,
             shutdown: shutdown_rx.clone(),
             session_tasks: session_tasks.clone(),
@@ -135,10 +143,10 @@ impl Gateway {
         tracing::info!(%local_addr, %gateway_id, "gateway is listening (TLS)");
         Ok(Gateway {
             local_addr,
-            gateway_id,
+            gateway_id: gateway_id.to_string(),
             shutdown: shutdown_tx,
             task,
-            background: vec![heartbeat_writer, router],
+            background: vec![heartbeat_writer, session_opener_task, router],
             session_tasks,
             services,
         })

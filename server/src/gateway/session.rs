@@ -13,14 +13,14 @@ use bc_core::protocol::{
 };
 use futures::stream::{SplitSink, SplitStream};
 use futures::{SinkExt, StreamExt};
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
 use crate::error::ApiError;
 use crate::service::inventory::ReportedSection;
 use crate::service::session_registry::SessionSignal;
-use crate::service::sessions::OpenedSession;
+use crate::service::sessions::{Hello, OpenedSession};
 use bc_core::command::{CommandKind, Outcome};
 use bc_core::ids::{CommandId, NodeId};
 
@@ -113,7 +113,7 @@ pub(super) async fn run(state: GatewayState, identity: NodeIdentity, socket: Web
     let (mut sink, mut stream) = socket.split();
     let node_id = identity.node_id.clone();
 
-    let hello = match read_hello(&node_id, &mut stream).await {
+    let hello = match read_hello(&identity, &mut stream).await {
         Ok(hello) => hello,
         Err(ending) => {
             // Nothing was opened yet, so there is nothing to unregister or record.
@@ -123,20 +123,19 @@ pub(super) async fn run(state: GatewayState, identity: NodeIdentity, socket: Web
             return;
         }
     };
-    let opened = match state
-        .services
-        .open_session(
-            &identity,
-            &state.gateway_id,
-            &hello.inventory_hashes,
-            hello.observed_generation,
-        )
-        .await
-    {
-        Ok(opened) => opened,
-        Err(err) => {
+    let opened = match state.session_opener.open(hello).await {
+        Some(Ok(opened)) => opened,
+        Some(Err(err)) => {
             tracing::info!(%node_id, code = err.code(), reason = %err.message(), "session refused");
-            close(&mut sink, Ending::violation(err.message())).await;
+            let ending = match err {
+                ApiError::Internal(_) => Ending::internal(),
+                refused => Ending::violation(refused.message()),
+            };
+            close(&mut sink, ending).await;
+            return;
+        }
+        None => {
+            close(&mut sink, Ending::shutdown()).await;
             return;
         }
     };
@@ -162,15 +161,10 @@ pub(super) async fn run(state: GatewayState, identity: NodeIdentity, socket: Web
     end(&state, &node_id, epoch, ending, &mut sink).await;
 }
 
-/// What `hello` said.
-struct Hello {
-    inventory_hashes: BTreeMap<String, String>,
-    observed_generation: i64,
-}
-
 /// Waits for the daemon's `hello`. `Err(None)`: the daemon left first; `Err(Some)`: the
 /// close that a missing or malformed `hello` earns.
-async fn read_hello(node_id: &NodeId, stream: &mut Stream) -> Result<Hello, Option<Ending>> {
+async fn read_hello(identity: &NodeIdentity, stream: &mut Stream) -> Result<Hello, Option<Ending>> {
+    let node_id = &identity.node_id;
     let text = match tokio::time::timeout(HELLO_TIMEOUT, stream.next()).await {
         Ok(Some(Ok(Message::Text(text)))) => text,
         Ok(Some(Ok(Message::Close(_))) | None | Some(Err(_))) => return Err(None),
@@ -187,6 +181,7 @@ async fn read_hello(node_id: &NodeId, stream: &mut Stream) -> Result<Hello, Opti
         }) => {
             tracing::debug!(%node_id, %daemon_version, "hello");
             Hello {
+                identity: identity.clone(),
                 inventory_hashes,
                 observed_generation,
             }

@@ -9,12 +9,13 @@ use bc_core::ids::NodeId;
 use bc_core::node::NodeRecord;
 use bc_core::view::NodeDetail;
 use chrono::{DateTime, Utc};
+use std::collections::HashMap;
 
 use super::Services;
 use super::nodes::not_found;
 use super::store::{WriteTxn, events, nodes, sessions};
 use crate::auth::{Principal, Role};
-use crate::error::{ApiError, ApiResult};
+use crate::error::ApiResult;
 
 /// A domain transition: changes the record in memory at `now` on behalf of the actor, and
 /// returns what it changed (nothing: no new version, no event) or why it may not.
@@ -28,14 +29,18 @@ impl<F> NodeTransition for F where
 {
 }
 
-/// One node change of a batch ([`Services::apply_node_changes`]): the node, the `version`
-/// the caller read, why (the events' cause), and the transition.
+/// One node change of a batch ([`Services::change_nodes_in`]): the node, the `version` the
+/// caller read (if it read one), why (the events' cause), and the transition.
 pub struct NodeChangeRequest<F> {
     pub id: NodeId,
-    pub expected_version: i64,
+    pub expected_version: Option<i64>,
     pub cause: String,
     pub change: F,
 }
+
+/// What became of one request of a batch: the node as written and what changed, or why the
+/// request was refused (nothing of it was written).
+pub type NodeChangeOutcome = (NodeId, ApiResult<(NodeRecord, Vec<Change>)>);
 
 impl Services {
     /// The common shape of every node mutation by a person: check the role, then
@@ -95,60 +100,28 @@ impl Services {
 
     /// Many controller changes in one transaction, one commit for all: while a fleet comes
     /// up, a controller has a thousand nodes to move, and a transaction each kept SQLite's
-    /// one writer (which sessions and operators wait on) busy with commits.
-    ///
-    /// Each item is [`Services::change_node_in`] with the `version` its caller read. Every
-    /// node of the batch is locked first, in id order, before anything is written (the lock
-    /// order of ARCHITECTURE.md's Invariants: node rows before any other row). It is meant
-    /// for transitions that write node rows only (acceptance, first specs); one that also
-    /// locks other rows (a replaced identity's session, an eviction's reservations) locks
-    /// them node by node, after every node lock. An item refused before it wrote anything
-    /// (`CONFLICT`, `NOT_FOUND`, a domain rule) is answered with its error and the rest go
-    /// on; an error after an item wrote (a database error, mostly) rolls the whole batch back
-    /// and is the answer, since committing half of one node's change is never right.
+    /// one writer (which sessions and operators wait on) busy with commits. Every request is
+    /// answered ([`Services::change_nodes_in`]); an error of the whole batch (a database
+    /// error, mostly) rolls it back and is the answer.
     pub async fn apply_node_changes<F>(
         &self,
         actor: &Actor,
-        mut items: Vec<NodeChangeRequest<F>>,
-    ) -> ApiResult<Vec<(NodeId, ApiResult<NodeRecord>)>>
+        items: Vec<NodeChangeRequest<F>>,
+    ) -> ApiResult<Vec<NodeChangeOutcome>>
     where
         F: NodeTransition,
     {
         if items.is_empty() {
             return Ok(Vec::new());
         }
-        items.sort_by(|a, b| a.id.cmp(&b.id));
         let everyone = |_: &NodeRecord| true;
         let txn = self.store.write().await?;
-        let ids: Vec<NodeId> = items.iter().map(|item| item.id.clone()).collect();
-        nodes::lock_many(&*txn, &ids).await?;
-        let mut outcomes = Vec::with_capacity(items.len());
-        let mut committed = Vec::new();
-        for item in items {
-            let written_before = txn.pending_events();
-            match self
-                .change_node_in(
-                    &txn,
-                    actor,
-                    &item.id,
-                    Some(item.expected_version),
-                    &everyone,
-                    &item.cause,
-                    item.change,
-                )
-                .await
-            {
-                Ok((after, changes)) => {
-                    outcomes.push((item.id, Ok(after.clone())));
-                    committed.push((after, changes));
-                }
-                Err(err @ ApiError::Internal(_)) => return Err(err),
-                Err(err) if txn.pending_events() != written_before => return Err(err),
-                Err(err) => outcomes.push((item.id, Err(err))),
-            }
-        }
+        let outcomes = self.change_nodes_in(&txn, actor, &everyone, items).await?;
         txn.commit().await?;
-        for (after, changes) in &committed {
+        for (after, changes) in outcomes
+            .iter()
+            .filter_map(|(_, outcome)| outcome.as_ref().ok())
+        {
             self.after_node_commit(after, changes);
         }
         Ok(outcomes)
@@ -177,49 +150,151 @@ impl Services {
     where
         F: NodeTransition,
     {
-        let before = nodes::load(&**txn, id, true)
-            .await?
-            .filter(|n| n.deleted_at.is_none() && visible(n))
-            .ok_or_else(|| not_found(id))?;
-        if let Some(expected) = expected_version {
-            before.expect_version(expected)?;
+        let request = NodeChangeRequest {
+            id: id.clone(),
+            expected_version,
+            cause: cause.to_owned(),
+            change,
+        };
+        let mut outcomes = self
+            .change_nodes_in(txn, actor, visible, vec![request])
+            .await?;
+        outcomes
+            .pop()
+            .map_or_else(|| Err(not_found(id)), |(_, outcome)| outcome)
+    }
+
+    /// [`Services::change_node_in`] for many nodes, at a cost in statements that does not
+    /// grow with the batch: the nodes are loaded (locked, in id order) together, each request
+    /// is decided in memory, and the changed nodes are written together
+    /// ([`nodes::save_many`]). On SQLite each statement is a round trip to the database's
+    /// thread while every other writer waits, so a batch of a hundred nodes costs about what
+    /// one did.
+    ///
+    /// A request refused before anything of it was written (`NOT_FOUND`, `CONFLICT`, a
+    /// domain rule) is answered with its error and the rest go on; an error after writing
+    /// began is the whole call's, and the caller rolls back. Two requests for one node are
+    /// applied one after the other, as if in two calls: the second sees the first's node.
+    pub async fn change_nodes_in<F>(
+        &self,
+        txn: &WriteTxn,
+        actor: &Actor,
+        visible: &(dyn Fn(&NodeRecord) -> bool + Send + Sync),
+        items: Vec<NodeChangeRequest<F>>,
+    ) -> ApiResult<Vec<NodeChangeOutcome>>
+    where
+        F: NodeTransition,
+    {
+        let mut outcomes: Vec<Option<NodeChangeOutcome>> =
+            std::iter::repeat_with(|| None).take(items.len()).collect();
+        // Rounds of distinct nodes: a node's second request waits for the round after its
+        // first, so it is decided on the node the first one wrote.
+        let mut rounds: Vec<Vec<(usize, NodeChangeRequest<F>)>> = Vec::new();
+        let mut requests_of: HashMap<NodeId, usize> = HashMap::new();
+        for (index, item) in items.into_iter().enumerate() {
+            let seen = requests_of.entry(item.id.clone()).or_insert(0);
+            if rounds.len() <= *seen {
+                rounds.push(Vec::new());
+            }
+            rounds[*seen].push((index, item));
+            *seen += 1;
         }
+        for round in rounds {
+            for (index, outcome) in self
+                .change_distinct_nodes_in(txn, actor, visible, round)
+                .await?
+            {
+                outcomes[index] = Some(outcome);
+            }
+        }
+        Ok(outcomes.into_iter().flatten().collect())
+    }
+
+    /// One round of [`Services::change_nodes_in`], in which no node comes twice: each
+    /// request's index with its outcome.
+    async fn change_distinct_nodes_in<F>(
+        &self,
+        txn: &WriteTxn,
+        actor: &Actor,
+        visible: &(dyn Fn(&NodeRecord) -> bool + Send + Sync),
+        items: Vec<(usize, NodeChangeRequest<F>)>,
+    ) -> ApiResult<Vec<(usize, NodeChangeOutcome)>>
+    where
+        F: NodeTransition,
+    {
+        let ids: Vec<NodeId> = items.iter().map(|(_, item)| item.id.clone()).collect();
+        let mut loaded = nodes::load_many(&**txn, &ids, true).await?;
         let now = self.clock.now();
-        let mut after = before.clone();
-        let changes = change(&mut after, actor, now)?;
-        if !changes.is_empty() {
-            after.version = before.version + 1;
-            after.updated_at = now;
-            if !nodes::save(&**txn, &before, &after).await? {
-                // Only reachable where the row was not locked; report what is there now.
-                let current = nodes::load(&**txn, id, false)
-                    .await?
-                    .map_or(before.version, |n| n.version);
-                return Err(ApiError::Conflict {
-                    expected: expected_version.unwrap_or(before.version),
-                    current,
-                });
-            }
-            // Lock order (ARCHITECTURE.md, Invariants): the node row, then its session row;
-            // the events are written at commit, after both.
-            if after.identity_generation != before.identity_generation {
-                sessions::close_open(&**txn, id, now).await?;
-            }
-            events::append_node_changes(
-                txn,
-                Some(&before),
-                &after,
-                &changes,
-                actor,
-                Some(cause),
-                now,
-            )?;
-            self.evict_after_change_in(txn, &after, &changes, actor)
-                .await?;
+        let decided: Vec<_> = items
+            .into_iter()
+            .map(|(index, item)| {
+                let NodeChangeRequest {
+                    id,
+                    expected_version,
+                    cause,
+                    change,
+                } = item;
+                let outcome = decide(
+                    &mut loaded,
+                    &id,
+                    expected_version,
+                    visible,
+                    change,
+                    actor,
+                    now,
+                );
+                (index, id, cause, outcome)
+            })
+            .collect();
+        let writes: Vec<(&NodeRecord, &NodeRecord)> = decided
+            .iter()
+            .filter_map(|(_, _, _, outcome)| match outcome {
+                Ok((before, after, changes)) if !changes.is_empty() => Some((before, after)),
+                _ => None,
+            })
+            .collect();
+        nodes::save_many(&**txn, &writes).await?;
+        let mut outcomes = Vec::with_capacity(decided.len());
+        for (index, id, cause, outcome) in decided {
+            let outcome = match outcome {
+                Ok((before, after, changes)) => {
+                    if !changes.is_empty() {
+                        self.after_node_write_in(
+                            txn, &before, &after, &changes, actor, &cause, now,
+                        )
+                        .await?;
+                    }
+                    metrics::counter!("bc_node_changes_total", "cause" => cause)
+                        .increment(changes.len() as u64);
+                    Ok((after, changes))
+                }
+                Err(err) => Err(err),
+            };
+            outcomes.push((index, (id, outcome)));
         }
-        metrics::counter!("bc_node_changes_total", "cause" => cause.to_owned())
-            .increment(changes.len() as u64);
-        Ok((after, changes))
+        Ok(outcomes)
+    }
+
+    /// What goes with a node's write in its transaction, in this order: a replaced identity
+    /// closes the node's open session (the lock order of ARCHITECTURE.md's Invariants: the
+    /// node row, then its session row; the events are written at commit, after both), the
+    /// events of its changes, and placement's evictions.
+    #[allow(clippy::too_many_arguments)]
+    async fn after_node_write_in(
+        &self,
+        txn: &WriteTxn,
+        before: &NodeRecord,
+        after: &NodeRecord,
+        changes: &[Change],
+        actor: &Actor,
+        cause: &str,
+        now: DateTime<Utc>,
+    ) -> ApiResult<()> {
+        if after.identity_generation != before.identity_generation {
+            sessions::close_open(&**txn, &after.id, now).await?;
+        }
+        events::append_node_changes(txn, Some(before), after, changes, actor, Some(cause), now)?;
+        self.evict_after_change_in(txn, after, changes, actor).await
     }
 
     /// Placement's part of a node change, in the same transaction: a node that became `lost`
@@ -266,4 +341,31 @@ impl Services {
                 .kick(&after.id, bc_core::protocol::close::IDENTITY_REVOKED);
         }
     }
+}
+
+/// One request of a round, decided in memory against the nodes the round loaded: `(before,
+/// after, changes)`, or why it is refused. The round writes every `after` that changed.
+fn decide<F: NodeTransition>(
+    loaded: &mut HashMap<NodeId, NodeRecord>,
+    id: &NodeId,
+    expected_version: Option<i64>,
+    visible: &(dyn Fn(&NodeRecord) -> bool + Send + Sync),
+    change: F,
+    actor: &Actor,
+    now: DateTime<Utc>,
+) -> ApiResult<(NodeRecord, NodeRecord, Vec<Change>)> {
+    let before = loaded
+        .remove(id)
+        .filter(|n| n.deleted_at.is_none() && visible(n))
+        .ok_or_else(|| not_found(id))?;
+    if let Some(expected) = expected_version {
+        before.expect_version(expected)?;
+    }
+    let mut after = before.clone();
+    let changes = change(&mut after, actor, now)?;
+    if !changes.is_empty() {
+        after.version = before.version + 1;
+        after.updated_at = now;
+    }
+    Ok((before, after, changes))
 }

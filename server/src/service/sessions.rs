@@ -2,13 +2,16 @@
 //! converges its spec and goes away. The session row holds the epoch and `lastSeen`, so
 //! heartbeats never bump the node's `version`.
 
+use anyhow::anyhow;
 use bc_core::Actor;
 use bc_core::axes::Connectivity;
 use bc_core::ids::NodeId;
+use bc_core::node::NodeRecord;
 use chrono::{DateTime, Utc};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::Services;
+use super::node_changes::NodeChangeRequest;
 use super::store::{inventory, nodes, sessions};
 use crate::error::{ApiError, ApiResult};
 use crate::pki::NodeIdentity;
@@ -20,61 +23,100 @@ pub struct OpenedSession {
     pub spec_generation: i64,
 }
 
+/// A daemon's `hello`, as the gateway hands it to [`Services::open_sessions`].
+pub struct Hello {
+    pub identity: NodeIdentity,
+    pub inventory_hashes: BTreeMap<String, String>,
+    pub observed_generation: i64,
+}
+
 impl Services {
-    /// The gateway accepted `hello`: in one transaction, a new session epoch, `connected`,
-    /// and the observed generation the daemon reported.
-    pub async fn open_session(
+    /// The gateway accepted these `hello`s, each of a different node: in one transaction,
+    /// each node's next session epoch, `connected`, and the observed generation its daemon
+    /// reported. Each hello is answered in the order given; one refused (its node is gone or
+    /// its identity was replaced since the gateway checked the certificate) opens nothing.
+    ///
+    /// A fleet coming up says hello a hundred times a second, and on SQLite every statement
+    /// is a round trip to the one writer that everything else waits on, so the statements
+    /// are per batch, not per node: the epochs, the nodes (loaded and written together,
+    /// [`Services::change_nodes_in`]), the session rows and the stored inventory hashes.
+    pub async fn open_sessions(
         &self,
-        identity: &NodeIdentity,
         gateway_id: &str,
-        inventory_hashes: &BTreeMap<String, String>,
-        observed_generation: i64,
-    ) -> ApiResult<OpenedSession> {
-        // The gateway checked the certificate before the upgrade ([`Services::check_identity`]);
-        // a revocation since then is caught below, in the transaction, by the visibility
-        // check on the identity generation.
+        hellos: Vec<Hello>,
+    ) -> ApiResult<Vec<ApiResult<OpenedSession>>> {
+        let ids: Vec<NodeId> = hellos.iter().map(|h| h.identity.node_id.clone()).collect();
+        if ids.iter().collect::<BTreeSet<_>>().len() != ids.len() {
+            return Err(ApiError::Internal(anyhow!(
+                "a batch of hellos named a node twice"
+            )));
+        }
         let gateway = Actor::Controller("gateway".into());
         let txn = self.store.write().await?;
-        let generation = identity.identity_generation;
-        // The node row before its session row (ARCHITECTURE.md, Invariants: lock order).
-        // Two hellos of one node also take their epochs one after the other this way.
-        nodes::lock(&*txn, &identity.node_id).await?;
-        let epoch = sessions::open(&*txn, &identity.node_id, gateway_id, self.clock.now()).await?;
-        let cause = format!("session:{epoch}");
-        let (node, changes) = self
-            .change_node_in(
-                &txn,
-                &gateway,
-                &identity.node_id,
-                None,
-                &|n| n.identity_generation == generation,
-                &cause,
-                |n, by, now| {
-                    let mut changes = n.set_connectivity(Connectivity::Connected, by, now);
-                    changes.extend(n.report_observed_generation(observed_generation)?);
-                    Ok(changes)
-                },
-            )
-            .await
-            .map_err(|e| match e {
-                ApiError::NotFound(_) => {
-                    ApiError::Forbidden("the node's identity was replaced".into())
-                }
-                other => other,
-            })?;
-        let stored = inventory::hashes(&*txn, &identity.node_id).await?;
-        txn.commit().await?;
-        self.after_node_commit(&node, &changes);
-        let want_sections = inventory_hashes
+        // The node rows before their session rows (ARCHITECTURE.md, Invariants: lock order).
+        nodes::lock_many(&*txn, &ids).await?;
+        let epochs = sessions::next_epochs(&*txn, &ids).await?;
+        // The gateway checked each certificate before the upgrade
+        // ([`Services::check_identity`]); a revocation since then is caught here, by the
+        // visibility check on the identity generation.
+        let generations: HashMap<&NodeId, i64> = hellos
             .iter()
-            .filter(|(section, hash)| stored.get(*section) != Some(*hash))
-            .map(|(section, _)| section.clone())
+            .map(|h| (&h.identity.node_id, h.identity.identity_generation))
             .collect();
-        Ok(OpenedSession {
-            epoch,
-            want_sections,
-            spec_generation: node.generation,
-        })
+        let same_identity = |n: &NodeRecord| generations.get(&n.id) == Some(&n.identity_generation);
+        let requests = hellos
+            .iter()
+            .map(|hello| {
+                let observed_generation = hello.observed_generation;
+                NodeChangeRequest {
+                    id: hello.identity.node_id.clone(),
+                    expected_version: None,
+                    cause: format!("session:{}", epochs[&hello.identity.node_id]),
+                    change: move |n: &mut NodeRecord, by: &Actor, now| {
+                        let mut changes = n.set_connectivity(Connectivity::Connected, by, now);
+                        changes.extend(n.report_observed_generation(observed_generation)?);
+                        Ok(changes)
+                    },
+                }
+            })
+            .collect();
+        let outcomes = self
+            .change_nodes_in(&txn, &gateway, &same_identity, requests)
+            .await?;
+        let opened: Vec<(NodeId, i64)> = outcomes
+            .iter()
+            .filter(|(_, outcome)| outcome.is_ok())
+            .map(|(id, _)| (id.clone(), epochs[id]))
+            .collect();
+        sessions::open_many(&*txn, &opened, gateway_id, self.clock.now()).await?;
+        let opened_ids: Vec<NodeId> = opened.into_iter().map(|(id, _)| id).collect();
+        let mut stored = inventory::hashes_of(&*txn, &opened_ids).await?;
+        txn.commit().await?;
+        Ok(outcomes
+            .into_iter()
+            .zip(hellos)
+            .map(|((id, outcome), hello)| {
+                let (node, changes) = outcome.map_err(|e| match e {
+                    ApiError::NotFound(_) => {
+                        ApiError::Forbidden("the node's identity was replaced".into())
+                    }
+                    other => other,
+                })?;
+                self.after_node_commit(&node, &changes);
+                let stored = stored.remove(&id).unwrap_or_default();
+                let want_sections = hello
+                    .inventory_hashes
+                    .iter()
+                    .filter(|(section, hash)| stored.get(*section) != Some(*hash))
+                    .map(|(section, _)| section.clone())
+                    .collect();
+                Ok(OpenedSession {
+                    epoch: epochs[&id],
+                    want_sections,
+                    spec_generation: node.generation,
+                })
+            })
+            .collect())
     }
 
     /// The session of `epoch` ended: if it was still the current one, the node becomes

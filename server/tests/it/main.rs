@@ -8,6 +8,7 @@ mod raw_daemon;
 mod abuse;
 mod bad_input;
 mod bare_metal;
+mod batched_writes;
 mod commands;
 mod dashboard;
 mod fuzz;

@@ -8,24 +8,36 @@ use chrono::{DateTime, Utc};
 use sea_orm::ActiveValue::Set;
 use sea_orm::sea_query::OnConflict;
 use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
-/// The hash of each inventory section stored for a node.
-pub async fn hashes(
+/// Each node's stored section hashes (`section → hash`), in one statement per thousand
+/// nodes; a node with none is left out.
+pub async fn hashes_of(
     conn: &impl ConnectionTrait,
-    node_id: &NodeId,
-) -> anyhow::Result<BTreeMap<String, String>> {
-    // The hashes only: the sections' contents are the bulk of the rows.
-    Ok(node_inventory_section::Entity::find()
-        .select_only()
-        .column(node_inventory_section::Column::Section)
-        .column(node_inventory_section::Column::Hash)
-        .filter(node_inventory_section::Column::NodeId.eq(node_id.to_string()))
-        .into_tuple::<(String, String)>()
-        .all(conn)
-        .await?
-        .into_iter()
-        .collect())
+    ids: &[NodeId],
+) -> anyhow::Result<HashMap<NodeId, BTreeMap<String, String>>> {
+    let mut hashes: HashMap<NodeId, BTreeMap<String, String>> = HashMap::new();
+    for chunk in ids.chunks(1_000) {
+        // The hashes only: the sections' contents are the bulk of the rows.
+        let rows = node_inventory_section::Entity::find()
+            .select_only()
+            .column(node_inventory_section::Column::NodeId)
+            .column(node_inventory_section::Column::Section)
+            .column(node_inventory_section::Column::Hash)
+            .filter(
+                node_inventory_section::Column::NodeId.is_in(chunk.iter().map(ToString::to_string)),
+            )
+            .into_tuple::<(String, String, String)>()
+            .all(conn)
+            .await?;
+        for (node_id, section, hash) in rows {
+            let node_id = NodeId::parse(&node_id).map_err(|_| {
+                anyhow::anyhow!("corrupt row: node_inventory_sections.node_id = `{node_id}`")
+            })?;
+            hashes.entry(node_id).or_default().insert(section, hash);
+        }
+    }
+    Ok(hashes)
 }
 
 /// Stores (or replaces) a node's inventory sections, `(section, hash, content)`, in one

@@ -99,16 +99,6 @@ impl WriteTxn {
             .extend(rows);
     }
 
-    /// How many events the transaction will write at commit so far. Every write a node change
-    /// makes comes with its events, so a batch tells by this count whether an item that
-    /// failed had written anything ([`Services::apply_node_changes`](super::Services)).
-    pub fn pending_events(&self) -> usize {
-        self.events
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .len()
-    }
-
     /// Writes the transaction's events (taking the event-order lock first, on PostgreSQL)
     /// and commits.
     pub async fn commit(self) -> Result<(), sea_orm::DbErr> {

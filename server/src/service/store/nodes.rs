@@ -27,16 +27,41 @@ pub async fn load(
     id: &NodeId,
     for_update: bool,
 ) -> anyhow::Result<Option<NodeRecord>> {
-    let mut select = node::Entity::find_by_id(id.to_string());
-    if for_update {
-        select = super::lock_for_update(select, conn);
+    Ok(load_many(conn, std::slice::from_ref(id), for_update)
+        .await?
+        .remove(id))
+}
+
+/// Reads several nodes, keyed by id, in two statements per [`CHILD_LOAD_CHUNK`] nodes (the
+/// rows, then their child rows); ids that name no node are left out. `for_update` locks the
+/// rows in id order until the transaction ends (PostgreSQL; the lock order of
+/// ARCHITECTURE.md's Invariants). Deleted nodes are returned too.
+pub async fn load_many(
+    conn: &impl ConnectionTrait,
+    ids: &[NodeId],
+    for_update: bool,
+) -> anyhow::Result<HashMap<NodeId, NodeRecord>> {
+    let mut sorted: Vec<String> = ids.iter().map(ToString::to_string).collect();
+    sorted.sort();
+    sorted.dedup();
+    let mut loaded = HashMap::with_capacity(sorted.len());
+    for chunk in sorted.chunks(CHILD_LOAD_CHUNK) {
+        let mut select = node::Entity::find()
+            .filter(node::Column::Id.is_in(chunk.iter().cloned()))
+            .order_by_asc(node::Column::Id);
+        if for_update {
+            select = super::lock_for_update(select, conn);
+        }
+        let rows = select.all(conn).await?;
+        let found: Vec<String> = rows.iter().map(|row| row.id.clone()).collect();
+        let mut children = load_children(conn, &found).await?;
+        for row in rows {
+            let kids = children.remove(&row.id).unwrap_or_default();
+            let record = rows::node_record(row, kids)?;
+            loaded.insert(record.id.clone(), record);
+        }
     }
-    let Some(row) = select.one(conn).await? else {
-        return Ok(None);
-    };
-    let mut children = load_children(conn, std::slice::from_ref(&row.id)).await?;
-    let node_children = children.remove(&row.id).unwrap_or_default();
-    Ok(Some(rows::node_record(row, node_children)?))
+    Ok(loaded)
 }
 
 /// Locks one node row until the transaction ends, without reading it (PostgreSQL). A
@@ -129,9 +154,13 @@ pub async fn pools_of(
 }
 
 /// Locks several node rows until the transaction ends, in id order (the lock order of
-/// ARCHITECTURE.md's Invariants), without reading them: a batch of node changes takes all
-/// its node locks before it writes anything else.
+/// ARCHITECTURE.md's Invariants), without reading them: a batch that writes other rows of
+/// its nodes (their sessions) takes all its node locks first. Like [`lock`], it runs no
+/// statement on SQLite, whose write transaction holds the whole database already.
 pub async fn lock_many(conn: &impl ConnectionTrait, ids: &[NodeId]) -> anyhow::Result<()> {
+    if conn.get_database_backend() != DbBackend::Postgres {
+        return Ok(());
+    }
     let mut sorted: Vec<String> = ids.iter().map(ToString::to_string).collect();
     sorted.sort();
     for chunk in sorted.chunks(1_000) {
@@ -352,85 +381,139 @@ pub async fn insert(conn: &impl ConnectionTrait, node: &NodeRecord) -> anyhow::R
     node::Entity::insert(rows::node_row(node)?)
         .exec_without_returning(conn)
         .await?;
-    write_children(conn, None, node).await
+    write_children(conn, &[(None, node)]).await
 }
 
-/// Writes `after` over `before` if the row still has `before.version`. Returns `false` when
-/// it does not (someone else wrote first): the caller reports `CONFLICT`.
-pub async fn save(
+/// How many nodes one statement of [`save_many`] writes: a node row binds 34 parameters,
+/// and SQLite binds at most 32,766 to a statement.
+const NODE_WRITE_CHUNK: usize = 500;
+/// How many child rows one insert of [`write_children`] writes: a condition row, the widest,
+/// binds 10 parameters.
+const CHILD_WRITE_CHUNK: usize = 1_000;
+
+/// Writes changed nodes over the rows they were loaded from, each `(as loaded, changed)`,
+/// with their child rows: one statement per [`NODE_WRITE_CHUNK`] nodes and two per child
+/// table whose contents changed, however many nodes a batch holds (on SQLite every
+/// statement is a round trip to the database's thread while every other writer waits).
+///
+/// The caller loaded the rows locked in this transaction ([`load_many`] with `for_update`),
+/// so nobody else can have written them since. The write checks it all the same: a row
+/// whose stored `version` is not below the new one is left alone, and any such row fails
+/// the whole write (the caller rolls back) rather than overwrite a newer node.
+pub async fn save_many(
     conn: &impl ConnectionTrait,
-    before: &NodeRecord,
-    after: &NodeRecord,
-) -> anyhow::Result<bool> {
-    let result = node::Entity::update_many()
-        .set(rows::node_row(after)?)
-        .filter(node::Column::Id.eq(before.id.to_string()))
-        .filter(node::Column::Version.eq(before.version))
-        .exec(conn)
-        .await?;
-    if result.rows_affected != 1 {
-        return Ok(false);
+    writes: &[(&NodeRecord, &NodeRecord)],
+) -> anyhow::Result<()> {
+    use sea_orm::sea_query::{Alias, OnConflict};
+    use sea_orm::{IdenStatic, Iterable};
+    for chunk in writes.chunks(NODE_WRITE_CHUNK) {
+        let rows = chunk
+            .iter()
+            .map(|(_, after)| rows::node_row(after))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        // INSERT … ON CONFLICT (id) DO UPDATE SET every column = excluded's, WHERE the stored
+        // version is older: an update of many rows to different values in one statement,
+        // on both backends. Every row exists (it was just loaded), so none is inserted.
+        let newer = Expr::col((node::Entity, node::Column::Version)).lt(Expr::col((
+            Alias::new("excluded"),
+            Alias::new(node::Column::Version.as_str()),
+        )));
+        let upsert = OnConflict::column(node::Column::Id)
+            .update_columns(node::Column::iter().filter(|c| !matches!(c, node::Column::Id)))
+            .action_and_where(newer)
+            .to_owned();
+        let written = node::Entity::insert_many(rows)
+            .on_conflict(upsert)
+            .exec_without_returning(conn)
+            .await?;
+        if written != chunk.len() as u64 {
+            return Err(anyhow!(
+                "{} of {} nodes were newer than their locked read; nothing was written",
+                chunk.len() as u64 - written,
+                chunk.len()
+            ));
+        }
     }
-    write_children(conn, Some(before), after).await?;
-    Ok(true)
+    let writes: Vec<(Option<&NodeRecord>, &NodeRecord)> = writes
+        .iter()
+        .map(|(before, after)| (Some(*before), *after))
+        .collect();
+    write_children(conn, &writes).await
 }
 
-/// Rewrites each child table whose contents changed.
+/// Rewrites each child table of the nodes whose contents there changed (`before` is `None`
+/// for a new node): one delete per [`CHILD_LOAD_CHUNK`] nodes and one insert per
+/// [`CHILD_WRITE_CHUNK`] rows, per table.
 async fn write_children(
     conn: &impl ConnectionTrait,
-    before: Option<&NodeRecord>,
-    after: &NodeRecord,
+    writes: &[(Option<&NodeRecord>, &NodeRecord)],
 ) -> anyhow::Result<()> {
-    let id = after.id.to_string();
-    if before.is_none_or(|b| b.labels != after.labels) {
-        node_label::Entity::delete_many()
-            .filter(node_label::Column::NodeId.eq(&id))
+    fn changed<'a, T: PartialEq>(
+        writes: &[(Option<&'a NodeRecord>, &'a NodeRecord)],
+        part: impl Fn(&NodeRecord) -> &T,
+    ) -> Vec<&'a NodeRecord> {
+        writes
+            .iter()
+            .filter(|(before, after)| before.is_none_or(|b| part(b) != part(after)))
+            .map(|(_, after)| *after)
+            .collect()
+    }
+    replace_children(
+        conn,
+        node_label::Column::NodeId,
+        &changed(writes, |n| &n.labels),
+        rows::label_rows,
+    )
+    .await?;
+    replace_children(
+        conn,
+        node_taint::Column::NodeId,
+        &changed(writes, |n| &n.taints),
+        rows::taint_rows,
+    )
+    .await?;
+    replace_children(
+        conn,
+        node_condition::Column::NodeId,
+        &changed(writes, |n| &n.conditions),
+        rows::condition_rows,
+    )
+    .await?;
+    replace_children(
+        conn,
+        node_no_schedule_reason::Column::NodeId,
+        &changed(writes, |n| &n.no_schedule_reasons),
+        rows::reason_rows,
+    )
+    .await
+}
+
+/// Replaces one child table's rows of `nodes` with what `rows_of` makes of them.
+async fn replace_children<E, A>(
+    conn: &impl ConnectionTrait,
+    node_id: E::Column,
+    nodes: &[&NodeRecord],
+    rows_of: fn(&NodeRecord) -> Vec<A>,
+) -> anyhow::Result<()>
+where
+    E: EntityTrait,
+    A: sea_orm::ActiveModelTrait<Entity = E> + Send,
+{
+    for chunk in nodes.chunks(CHILD_LOAD_CHUNK) {
+        E::delete_many()
+            .filter(node_id.is_in(chunk.iter().map(|n| n.id.to_string())))
             .exec(conn)
             .await?;
-        let rows = rows::label_rows(after);
-        if !rows.is_empty() {
-            node_label::Entity::insert_many(rows)
-                .exec_without_returning(conn)
-                .await?;
-        }
     }
-    if before.is_none_or(|b| b.taints != after.taints) {
-        node_taint::Entity::delete_many()
-            .filter(node_taint::Column::NodeId.eq(&id))
-            .exec(conn)
-            .await?;
-        let rows = rows::taint_rows(after);
-        if !rows.is_empty() {
-            node_taint::Entity::insert_many(rows)
-                .exec_without_returning(conn)
-                .await?;
+    let rows: Vec<A> = nodes.iter().flat_map(|n| rows_of(n)).collect();
+    let mut rows = rows.into_iter();
+    loop {
+        let chunk: Vec<A> = rows.by_ref().take(CHILD_WRITE_CHUNK).collect();
+        if chunk.is_empty() {
+            return Ok(());
         }
+        E::insert_many(chunk).exec_without_returning(conn).await?;
     }
-    if before.is_none_or(|b| b.conditions != after.conditions) {
-        node_condition::Entity::delete_many()
-            .filter(node_condition::Column::NodeId.eq(&id))
-            .exec(conn)
-            .await?;
-        let rows = rows::condition_rows(after);
-        if !rows.is_empty() {
-            node_condition::Entity::insert_many(rows)
-                .exec_without_returning(conn)
-                .await?;
-        }
-    }
-    if before.is_none_or(|b| b.no_schedule_reasons != after.no_schedule_reasons) {
-        node_no_schedule_reason::Entity::delete_many()
-            .filter(node_no_schedule_reason::Column::NodeId.eq(&id))
-            .exec(conn)
-            .await?;
-        let rows = rows::reason_rows(after);
-        if !rows.is_empty() {
-            node_no_schedule_reason::Entity::insert_many(rows)
-                .exec_without_returning(conn)
-                .await?;
-        }
-    }
-    Ok(())
 }
 
 /// The live node holding a trusted hardware key, if any.

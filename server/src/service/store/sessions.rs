@@ -14,40 +14,70 @@ use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 
-/// Opens a session: the next epoch for the node, connected now. Returns the epoch.
-pub async fn open(
+/// How many sessions one statement of [`open_many`] reads or writes: each binds six
+/// parameters, well inside both backends' limits (SQLite 32,766).
+const OPEN_CHUNK: usize = 1_000;
+
+/// The epoch each node's next session gets: one more than its latest (open or closed), or 1
+/// for a node that never had one. The caller holds the nodes' locks ([`super::nodes::lock_many`]),
+/// so two hellos of one node take their epochs one after the other.
+pub async fn next_epochs(
     conn: &impl ConnectionTrait,
-    node_id: &NodeId,
+    ids: &[NodeId],
+) -> anyhow::Result<HashMap<NodeId, i64>> {
+    let mut latest: HashMap<String, i64> = HashMap::with_capacity(ids.len());
+    for chunk in ids.chunks(OPEN_CHUNK) {
+        let rows = node_session::Entity::find()
+            .select_only()
+            .column(node_session::Column::NodeId)
+            .column(node_session::Column::Epoch)
+            .filter(node_session::Column::NodeId.is_in(chunk.iter().map(ToString::to_string)))
+            .into_tuple::<(String, i64)>()
+            .all(conn)
+            .await?;
+        latest.extend(rows);
+    }
+    Ok(ids
+        .iter()
+        .map(|id| (id.clone(), latest.get(&id.to_string()).map_or(1, |e| e + 1)))
+        .collect())
+}
+
+/// Opens sessions, each `(node, epoch)` from [`next_epochs`], held by `gateway_id` and
+/// connected now: one statement per [`OPEN_CHUNK`] nodes.
+pub async fn open_many(
+    conn: &impl ConnectionTrait,
+    opens: &[(NodeId, i64)],
     gateway_id: &str,
     now: DateTime<Utc>,
-) -> anyhow::Result<i64> {
-    let previous = node_session::Entity::find_by_id(node_id.to_string())
-        .one(conn)
-        .await?;
-    let epoch = previous.map_or(1, |s| s.epoch + 1);
-    let row = node_session::ActiveModel {
-        node_id: Set(node_id.to_string()),
-        epoch: Set(epoch),
-        gateway_id: Set(gateway_id.to_owned()),
-        connected_at: Set(now),
-        disconnected_at: Set(None),
-        last_seen: Set(now),
-    };
-    node_session::Entity::insert(row)
-        .on_conflict(
-            OnConflict::column(node_session::Column::NodeId)
-                .update_columns([
-                    node_session::Column::Epoch,
-                    node_session::Column::GatewayId,
-                    node_session::Column::ConnectedAt,
-                    node_session::Column::DisconnectedAt,
-                    node_session::Column::LastSeen,
-                ])
-                .to_owned(),
-        )
-        .exec_without_returning(conn)
-        .await?;
-    Ok(epoch)
+) -> anyhow::Result<()> {
+    for chunk in opens.chunks(OPEN_CHUNK) {
+        let rows = chunk
+            .iter()
+            .map(|(node_id, epoch)| node_session::ActiveModel {
+                node_id: Set(node_id.to_string()),
+                epoch: Set(*epoch),
+                gateway_id: Set(gateway_id.to_owned()),
+                connected_at: Set(now),
+                disconnected_at: Set(None),
+                last_seen: Set(now),
+            });
+        node_session::Entity::insert_many(rows)
+            .on_conflict(
+                OnConflict::column(node_session::Column::NodeId)
+                    .update_columns([
+                        node_session::Column::Epoch,
+                        node_session::Column::GatewayId,
+                        node_session::Column::ConnectedAt,
+                        node_session::Column::DisconnectedAt,
+                        node_session::Column::LastSeen,
+                    ])
+                    .to_owned(),
+            )
+            .exec_without_returning(conn)
+            .await?;
+    }
+    Ok(())
 }
 
 /// Marks the session of `epoch` closed. Returns whether it was still the current session

@@ -1,0 +1,317 @@
+//! The batched writers: many node changes in one transaction
+//! (`Services::apply_node_changes`, on `change_nodes_in`), and many daemons' hellos opened in
+//! one (`Services::open_sessions`). Each request of a batch is answered as if it had been a
+//! transaction of its own, and what a refused request asked for is not written.
+
+use bc_core::Actor;
+use bc_core::axes::{Connectivity, ProvisionState};
+use bc_core::ids::NodeId;
+use bc_core::node::NodeRecord;
+use bc_core::provision::ProvisionMove;
+use bc_entity::{node_inventory_section, node_session};
+use bc_testing::{TestServer, each_backend};
+use better_compute::pki::NodeIdentity;
+use better_compute::service::node_changes::{NodeChangeRequest, NodeTransition};
+use better_compute::service::sessions::Hello;
+use chrono::{DateTime, Utc};
+use sea_orm::ActiveValue::Set;
+use sea_orm::EntityTrait;
+use serde_json::json;
+use std::collections::BTreeMap;
+
+use crate::common::{event_summary, node, node_record, now, site_and_pool};
+
+/// A request's answer: the node's version and how many changes, or the error's code.
+type Answer = (NodeId, Result<(i64, usize), &'static str>);
+
+/// What a request of the batch test asks of its node.
+#[derive(Clone, Copy)]
+enum Ask {
+    Cordon,
+    Label,
+    /// A provision move the state table refuses from `adopted`.
+    RefusedMove,
+    /// A change that changes nothing.
+    Nothing,
+}
+
+fn request(id: &NodeId, version: i64, ask: Ask) -> NodeChangeRequest<impl NodeTransition> {
+    NodeChangeRequest {
+        id: id.clone(),
+        expected_version: Some(version),
+        cause: "test:batch".to_owned(),
+        change: move |n: &mut NodeRecord, by: &Actor, at: DateTime<Utc>| match ask {
+            Ask::Cordon => n.cordon("rack swap", by, at),
+            Ask::Label => n.update_labels(
+                &BTreeMap::from([("team".to_owned(), "vision".to_owned())]),
+                &[],
+            ),
+            Ask::RefusedMove => n.apply_move(ProvisionMove::Adopt, None),
+            Ask::Nothing => Ok(Vec::new()),
+        },
+    }
+}
+
+/// What the batches here could have changed of a node.
+fn unchanged(
+    n: &NodeRecord,
+) -> (
+    i64,
+    bool,
+    BTreeMap<String, String>,
+    ProvisionState,
+    Connectivity,
+) {
+    (
+        n.version,
+        n.cordoned(),
+        n.labels.clone(),
+        n.provision_state,
+        n.connectivity,
+    )
+}
+
+async fn record(s: &TestServer, id: &NodeId) -> NodeRecord {
+    s.server
+        .services
+        .node_record(id)
+        .await
+        .unwrap_or_else(|err| panic!("reading node {id}: {}", err.message()))
+        .unwrap_or_else(|| panic!("node {id} is stored"))
+}
+
+#[tokio::test]
+async fn a_batch_of_node_changes_answers_each_request_and_writes_the_rest_together() {
+    each_backend(async |s| {
+        let site = site_and_pool(s).await;
+        let nodes: Vec<NodeRecord> = (0..5)
+            .map(|_| node_record(s, &site, ProvisionState::Adopted))
+            .collect();
+        let mut deleted = node_record(s, &site, ProvisionState::Adopted);
+        deleted.deleted_at = Some(now(s));
+        s.insert_nodes(&nodes).await;
+        s.insert_nodes(std::slice::from_ref(&deleted)).await;
+        let [a, b, c, d, e] = [0, 1, 2, 3, 4].map(|i| nodes[i].id.clone());
+        let missing = NodeId::generate();
+        let v = nodes[0].version;
+
+        let requests = vec![
+            request(&a, v, Ask::Cordon),
+            request(&b, v + 1, Ask::Cordon),
+            request(&deleted.id, deleted.version, Ask::Cordon),
+            request(&missing, 1, Ask::Cordon),
+            request(&c, v, Ask::RefusedMove),
+            // The second request for `a` is decided on the node the first one wrote.
+            request(&a, v + 1, Ask::Label),
+            request(&d, v, Ask::Nothing),
+            request(&e, v, Ask::Label),
+        ];
+        let outcomes = s
+            .server
+            .services
+            .apply_node_changes(&Actor::Controller("batch-test".into()), requests)
+            .await
+            .unwrap_or_else(|err| panic!("the batch as a whole: {}", err.message()));
+
+        let answers: Vec<Answer> = outcomes
+            .iter()
+            .map(|(id, outcome)| {
+                let answer = match outcome {
+                    Ok((after, changes)) => Ok((after.version, changes.len())),
+                    Err(err) => Err(err.code()),
+                };
+                (id.clone(), answer)
+            })
+            .collect();
+        assert_eq!(
+            answers,
+            vec![
+                (a.clone(), Ok((v + 1, 1))),
+                (b.clone(), Err("CONFLICT")),
+                (deleted.id.clone(), Err("NOT_FOUND")),
+                (missing.clone(), Err("NOT_FOUND")),
+                (c.clone(), Err("INVALID_STATE")),
+                (a.clone(), Ok((v + 2, 1))),
+                (d.clone(), Ok((v, 0))),
+                (e.clone(), Ok((v + 1, 1))),
+            ],
+            "each request answered in the order given"
+        );
+
+        // `a` carries both changes, in two versions with their own events; the label went
+        // to its child table.
+        let stored_a = record(s, &a).await;
+        assert_eq!(stored_a.version, v + 2);
+        assert!(stored_a.cordoned());
+        assert_eq!(
+            stored_a.labels.get("team").map(String::as_str),
+            Some("vision")
+        );
+        let a_node = node(s, &a.to_string()).await;
+        let summary = event_summary(&a_node);
+        assert_eq!(
+            summary.len(),
+            2,
+            "one for the cordon and one for the label: {summary:?}"
+        );
+        let versions: Vec<i64> = crate::common::events(&a_node)
+            .iter()
+            .map(|e| e["data"]["version"].as_i64().expect("an event's version"))
+            .collect();
+        assert_eq!(versions, vec![v + 1, v + 2]);
+        // `e` was written by the same statements, and the refused ones not at all.
+        let stored_e = record(s, &e).await;
+        assert_eq!(stored_e.version, v + 1);
+        assert_eq!(
+            stored_e.labels.get("team").map(String::as_str),
+            Some("vision")
+        );
+        for (id, original) in [(&b, &nodes[1]), (&c, &nodes[2]), (&d, &nodes[3])] {
+            assert_eq!(
+                unchanged(&record(s, id).await),
+                unchanged(original),
+                "node {id} is as it was"
+            );
+            assert!(event_summary(&node(s, &id.to_string()).await).is_empty());
+        }
+        assert_eq!(
+            unchanged(&record(s, &deleted.id).await),
+            unchanged(&deleted)
+        );
+    })
+    .await;
+}
+
+fn hello(node: &NodeRecord, identity_generation: i64, sections: &[(&str, &str)]) -> Hello {
+    Hello {
+        identity: NodeIdentity {
+            node_id: node.id.clone(),
+            identity_generation,
+        },
+        inventory_hashes: sections
+            .iter()
+            .map(|(section, hash)| ((*section).to_owned(), (*hash).to_owned()))
+            .collect(),
+        observed_generation: 0,
+    }
+}
+
+#[tokio::test]
+async fn hellos_opened_together_each_get_their_own_session_and_a_refused_one_opens_nothing() {
+    each_backend(async |s| {
+        let site = site_and_pool(s).await;
+        let nodes: Vec<NodeRecord> = (0..3)
+            .map(|_| node_record(s, &site, ProvisionState::Adopted))
+            .collect();
+        let mut replaced = node_record(s, &site, ProvisionState::Adopted);
+        replaced.identity_generation = 2;
+        s.insert_nodes(&nodes).await;
+        s.insert_nodes(std::slice::from_ref(&replaced)).await;
+        let [fresh, returning, other] = [0, 1, 2].map(|i| &nodes[i]);
+        let db = s.database().await;
+        // `returning` had four sessions before, the last one closed; it stored two sections.
+        node_session::Entity::insert(node_session::ActiveModel {
+            node_id: Set(returning.id.to_string()),
+            epoch: Set(4),
+            gateway_id: Set("gw-old".to_owned()),
+            connected_at: Set(now(s)),
+            disconnected_at: Set(Some(now(s))),
+            last_seen: Set(now(s)),
+        })
+        .exec_without_returning(&db)
+        .await
+        .expect("a closed session");
+        node_inventory_section::Entity::insert_many(["gpus", "os"].map(|section| {
+            node_inventory_section::ActiveModel {
+                node_id: Set(returning.id.to_string()),
+                section: Set(section.to_owned()),
+                hash: Set(format!("{section}-1")),
+                content: Set(json!({})),
+                reported_at: Set(now(s)),
+            }
+        }))
+        .exec_without_returning(&db)
+        .await
+        .expect("stored sections");
+
+        let twice = s
+            .server
+            .services
+            .open_sessions("gw-test", vec![hello(fresh, 1, &[]), hello(fresh, 1, &[])])
+            .await;
+        assert!(twice.is_err(), "a batch names each node once");
+
+        let answers = s
+            .server
+            .services
+            .open_sessions(
+                "gw-test",
+                vec![
+                    hello(fresh, 1, &[("gpus", "gpus-1")]),
+                    hello(&replaced, 1, &[]),
+                    hello(returning, 1, &[("gpus", "gpus-1"), ("os", "os-2")]),
+                    hello(other, 1, &[]),
+                ],
+            )
+            .await
+            .unwrap_or_else(|err| panic!("the batch as a whole: {}", err.message()));
+        let summary: Vec<Result<(i64, Vec<String>), &str>> = answers
+            .iter()
+            .map(|answer| match answer {
+                Ok(opened) => Ok((opened.epoch, opened.want_sections.clone())),
+                Err(err) => Err(err.code()),
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            vec![
+                Ok((1, vec!["gpus".to_owned()])),
+                Err("FORBIDDEN"),
+                Ok((5, vec!["os".to_owned()])),
+                Ok((1, vec![])),
+            ]
+        );
+
+        for (node, epoch) in [(fresh, 1), (returning, 5), (other, 1)] {
+            let stored = record(s, &node.id).await;
+            assert_eq!(stored.connectivity, Connectivity::Connected);
+            assert_eq!(stored.version, node.version + 1);
+            let session = node_session::Entity::find_by_id(node.id.to_string())
+                .one(&db)
+                .await
+                .expect("reading a session")
+                .expect("an open session");
+            assert_eq!(
+                (
+                    session.epoch,
+                    session.gateway_id.as_str(),
+                    session.disconnected_at
+                ),
+                (epoch, "gw-test", None)
+            );
+            let causes: Vec<String> =
+                crate::common::events(&crate::common::node(s, &node.id.to_string()).await)
+                    .iter()
+                    .map(|e| e["cause"].as_str().unwrap_or_default().to_owned())
+                    .collect();
+            assert!(
+                !causes.is_empty() && causes.iter().all(|c| *c == format!("session:{epoch}")),
+                "node {}'s events name its session: {causes:?}",
+                node.id
+            );
+        }
+        // The refused hello opened no session and changed nothing.
+        assert!(
+            node_session::Entity::find_by_id(replaced.id.to_string())
+                .one(&db)
+                .await
+                .expect("reading a session")
+                .is_none()
+        );
+        assert_eq!(
+            unchanged(&record(s, &replaced.id).await),
+            unchanged(&replaced)
+        );
+    })
+    .await;
+}
