@@ -102,7 +102,10 @@ impl Feed {
         if let Some(listener) = services.other_writers_listener(wake.clone(), shutdown.clone()) {
             tasks.push(tokio::spawn(listener));
         }
-        tasks.push(tokio::spawn(tail(feed.clone(), services, wake, shutdown)));
+        tasks.push(tokio::spawn(crate::service::attributed(
+            "feed",
+            tail(feed.clone(), services, wake, shutdown),
+        )));
         *feed
             .tasks
             .lock()

@@ -324,7 +324,7 @@ impl GraphqlExecutor {
             let _permit = permit;
             runtime.block_on(async move {
                 tokio::select! {
-                    response = schema.execute(request) => response,
+                    response = crate::service::attributed("api", schema.execute(request)) => response,
                     _ = abandoned => async_graphql::Response::default(),
                 }
             })

@@ -155,6 +155,7 @@ impl LifecycleController {
                     let why = std::mem::take(&mut decided.why);
                     NodeChangeRequest {
                         id: decided.node.clone(),
+                        actor: self.actor.clone(),
                         expected_version: Some(decided.version),
                         cause: std::mem::take(&mut decided.cause),
                         change: move |n: &mut NodeRecord, _: &Actor, _: DateTime<Utc>| {
@@ -187,6 +188,7 @@ impl LifecycleController {
                 .iter()
                 .map(|(id, version)| NodeChangeRequest {
                     id: id.clone(),
+                    actor: actor.clone(),
                     expected_version: Some(*version),
                     cause: "node-spec:initial".to_owned(),
                     change: |n: &mut NodeRecord, _: &Actor, _: DateTime<Utc>| {

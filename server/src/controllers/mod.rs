@@ -98,7 +98,7 @@ where
 {
     let asked = requests.len();
     let causes: Vec<String> = requests.iter().map(|r| r.cause.clone()).collect();
-    match services.apply_node_changes(actor, requests).await {
+    match services.apply_node_changes(requests).await {
         // One outcome per request, in the order given.
         Ok(outcomes) => outcomes
             .into_iter()
@@ -174,12 +174,12 @@ pub fn spawn(services: Services, config: LivenessConfig) -> ControllerLoop {
                     if !power_leads.load(std::sync::atomic::Ordering::Relaxed) {
                         continue;
                     }
-                    match power.tick().await {
+                    match crate::service::attributed("controller.power", power.tick()).await {
                         Ok(report) if !report.is_quiet() => tracing::info!(?report, "power tick"),
                         Ok(_) => {}
                         Err(err) => tracing::warn!(code = err.code(), reason = %err.message(), "power tick failed"),
                     }
-                    match workflows.tick().await {
+                    match crate::service::attributed("controller.workflows", workflows.tick()).await {
                         Ok(report) if !report.is_quiet() => tracing::info!(?report, "workflow tick"),
                         Ok(_) => {}
                         Err(err) => tracing::warn!(code = err.code(), reason = %err.message(), "workflow tick failed"),
@@ -206,32 +206,32 @@ pub fn spawn(services: Services, config: LivenessConfig) -> ControllerLoop {
                     if !leadership.check().await {
                         continue;
                     }
-                    match liveness.tick().await {
+                    match crate::service::attributed("controller.liveness", liveness.tick()).await {
                         Ok(report) if !report.is_quiet() => tracing::info!(?report, "liveness tick"),
                         Ok(_) => {}
                         Err(err) => tracing::warn!(error = ?err, "liveness tick failed"),
                     }
-                    match drain.tick().await {
+                    match crate::service::attributed("controller.drain", drain.tick()).await {
                         Ok(report) if report.finished + report.drained > 0 => tracing::info!(?report, "drain tick"),
                         Ok(_) => {}
                         Err(err) => tracing::warn!(error = ?err, "drain tick failed"),
                     }
-                    match placement.tick().await {
+                    match crate::service::attributed("controller.placement", placement.tick()).await {
                         Ok(report) if report != PlacementTickReport::default() => tracing::info!(?report, "placement tick"),
                         Ok(_) => {}
                         Err(err) => tracing::warn!(code = err.code(), reason = %err.message(), "placement tick failed"),
                     }
-                    match lifecycle.tick().await {
+                    match crate::service::attributed("controller.lifecycle", lifecycle.tick()).await {
                         Ok(report) if report != LifecycleReport::default() => tracing::info!(?report, "lifecycle tick"),
                         Ok(_) => {}
                         Err(err) => tracing::warn!(code = err.code(), reason = %err.message(), "lifecycle tick failed"),
                     }
-                    match remediation.tick().await {
+                    match crate::service::attributed("controller.remediation", remediation.tick()).await {
                         Ok(report) if !report.is_quiet() => tracing::info!(?report, "remediation tick"),
                         Ok(_) => {}
                         Err(err) => tracing::warn!(code = err.code(), reason = %err.message(), "remediation tick failed"),
                     }
-                    match commands.tick().await {
+                    match crate::service::attributed("controller.commands", commands.tick()).await {
                         Ok(report) if report != CommandTimingReport::default() => tracing::info!(?report, "command timing tick"),
                         Ok(_) => {}
                         Err(err) => tracing::warn!(code = err.code(), reason = %err.message(), "command timing tick failed"),

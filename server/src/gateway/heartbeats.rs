@@ -32,7 +32,10 @@ impl HeartbeatWriter {
         shutdown: watch::Receiver<bool>,
     ) -> (HeartbeatWriter, tokio::task::JoinHandle<()>) {
         let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
-        let task = tokio::spawn(run(services, rx, shutdown));
+        let task = tokio::spawn(crate::service::attributed(
+            "gateway.heartbeats",
+            run(services, rx, shutdown),
+        ));
         (HeartbeatWriter { tx }, task)
     }
 

@@ -10,6 +10,7 @@ use bc_core::protocol::{ErrorBody, JoinRequest, MAX_FRAME_BYTES, PROTOCOL, Renew
 use super::GatewayState;
 use crate::error::ApiError;
 use crate::pki::NodeIdentity;
+use crate::service::attributed;
 
 /// The identity in the client certificate of this connection, if it presented one.
 #[derive(Clone)]
@@ -95,7 +96,7 @@ async fn join(State(state): State<GatewayState>, request: axum::extract::Request
         Ok(request) => request,
         Err(response) => return response,
     };
-    match state.services.join(&request).await {
+    match attributed("gateway.join", state.services.join(&request)).await {
         Ok(identity) => Json(identity).into_response(),
         Err(err) => {
             metrics::counter!("bc_joins_refused_total", "code" => err.code()).increment(1);
@@ -119,7 +120,7 @@ async fn renew(
         Ok(request) => request,
         Err(response) => return response,
     };
-    match state.services.renew(identity, &request).await {
+    match attributed("gateway.renew", state.services.renew(identity, &request)).await {
         Ok(issued) => Json(issued).into_response(),
         Err(err) => error(err),
     }
@@ -144,7 +145,8 @@ async fn session(
         Ok(identity) => identity.clone(),
         Err(err) => return error(err),
     };
-    if let Err(err) = state.services.check_identity(&identity).await {
+    if let Err(err) = attributed("gateway.identity", state.services.check_identity(&identity)).await
+    {
         metrics::counter!("bc_gateway_sessions_refused_total", "code" => err.code()).increment(1);
         return error(err);
     }
@@ -156,7 +158,11 @@ async fn session(
         .max_frame_size(MAX_FRAME_BYTES)
         .read_buffer_size(SESSION_READ_BUFFER_BYTES)
         .on_upgrade(move |socket| async move {
-            super::session::run(state, identity, socket).await;
+            attributed(
+                "gateway.session",
+                super::session::run(state, identity, socket),
+            )
+            .await;
             drop(task);
         })
 }

@@ -8,8 +8,8 @@
 mod heartbeats;
 mod http;
 mod session;
-mod session_opener;
 mod tls;
+mod write_batches;
 
 use bc_core::event::EventType;
 use std::net::SocketAddr;
@@ -20,12 +20,15 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 pub use crate::config::GatewayConfig;
+use crate::error::{ApiError, ApiResult};
 use crate::listener::{
     Admitted, ConnectionGate, IdleTimeout, StopSignal, accept_loop, count_timeout, serve_http,
 };
 use crate::service::Services;
+use crate::service::sessions::{Hello, OpenedSession};
+use bc_core::ids::NodeId;
 pub use heartbeats::HeartbeatWriter;
-pub use session_opener::SessionOpener;
+pub use write_batches::WriteBatches;
 
 /// How long a shutting-down gateway waits for its sessions to say goodbye and record their
 /// end (commands requeued, the node `disconnected`).
@@ -38,7 +41,10 @@ pub(crate) struct GatewayState {
     pub gateway_id: Arc<str>,
     pub heartbeat_interval: Duration,
     pub heartbeats: HeartbeatWriter,
-    pub session_opener: SessionOpener,
+    /// Hellos, opened in batches.
+    pub hellos: WriteBatches<Hello, ApiResult<OpenedSession>>,
+    /// `converged` reports, written in batches.
+    pub convergences: WriteBatches<(NodeId, i64), ApiResult<()>>,
     pub shutdown: watch::Receiver<bool>,
     pub session_tasks: SessionTasks,
 }
@@ -75,8 +81,8 @@ pub struct Gateway {
     pub gateway_id: String,
     shutdown: watch::Sender<bool>,
     task: JoinHandle<()>,
-    /// The heartbeat writer, the session opener and the command router, which stop with
-    /// `shutdown`.
+    /// The heartbeat writer, the hello and convergence batches and the command router, which
+    /// stop with `shutdown`.
     background: Vec<JoinHandle<()>>,
     session_tasks: SessionTasks,
     services: Services,
@@ -104,12 +110,29 @@ impl Gateway {
         let (heartbeats, heartbeat_writer) =
             HeartbeatWriter::start(services.clone(), shutdown_rx.clone());
         let gateway_id: Arc<str> = gateway_id.into();
-        let (session_opener, session_opener_task) =
-            SessionOpener::start(services.clone(), gateway_id.clone(), shutdown_rx.clone());
+        let (hellos, hellos_task) = {
+            let (services, gateway_id) = (services.clone(), gateway_id.clone());
+            WriteBatches::start(
+                "gateway.hello",
+                |hello: &Hello| &hello.identity.node_id,
+                move |batch| open_sessions(services.clone(), gateway_id.clone(), batch),
+                shutdown_rx.clone(),
+            )
+        };
+        let (convergences, convergences_task) = {
+            let services = services.clone();
+            WriteBatches::start(
+                "gateway.converged",
+                |(node, _): &(NodeId, i64)| node,
+                move |batch| report_converged(services.clone(), batch),
+                shutdown_rx.clone(),
+            )
+        };
         let session_tasks = SessionTasks::default();
         let state = GatewayState {
             heartbeats,
-            session_opener,
+            hellos,
+            convergences,
             services: services.clone(),
             gateway_id: gateway_id.clone(),
             heartbeat_interval,
@@ -117,10 +140,9 @@ impl Gateway {
             session_tasks: session_tasks.clone(),
         };
         let app = http::router(state, config);
-        let router = tokio::spawn(route_command_events(
-            services.clone(),
-            feed,
-            shutdown_rx.clone(),
+        let router = tokio::spawn(crate::service::attributed(
+            "gateway.command_router",
+            route_command_events(services.clone(), feed, shutdown_rx.clone()),
         ));
         let gate = ConnectionGate::new("gateway", caps.0, caps.1, 0);
         let timeouts = Timeouts {
@@ -146,7 +168,7 @@ impl Gateway {
             gateway_id: gateway_id.to_string(),
             shutdown: shutdown_tx,
             task,
-            background: vec![heartbeat_writer, session_opener_task, router],
+            background: vec![heartbeat_writer, hellos_task, convergences_task, router],
             session_tasks,
             services,
         })
@@ -259,4 +281,35 @@ async fn serve_connection(
     let app = app.layer(axum::Extension(http::PeerIdentity(identity)));
     let service = hyper_util::service::TowerToHyperService::new(app);
     serve_http("gateway", tls, service, timeouts.header, stop).await;
+}
+
+/// One batch of hellos ([`Services::open_sessions`]); a batch that failed as a whole (the
+/// database, mostly) fails each hello, and each daemon says hello again.
+async fn open_sessions(
+    services: Services,
+    gateway_id: Arc<str>,
+    batch: Vec<Hello>,
+) -> Vec<ApiResult<OpenedSession>> {
+    let count = batch.len();
+    services
+        .open_sessions(&gateway_id, batch)
+        .await
+        .unwrap_or_else(|err| failed_batch("opening sessions", &err, count))
+}
+
+/// One batch of `converged` reports ([`Services::report_converged_many`]).
+async fn report_converged(services: Services, batch: Vec<(NodeId, i64)>) -> Vec<ApiResult<()>> {
+    let count = batch.len();
+    services
+        .report_converged_many(batch)
+        .await
+        .unwrap_or_else(|err| failed_batch("recording convergence", &err, count))
+}
+
+/// The answers of a batch that failed as a whole: logged once, an internal error for each.
+fn failed_batch<R>(what: &str, err: &ApiError, count: usize) -> Vec<ApiResult<R>> {
+    tracing::warn!(requests = count, error = ?err, "{what} failed for a whole batch");
+    (0..count)
+        .map(|_| Err(ApiError::Internal(anyhow::anyhow!("{what} failed"))))
+        .collect()
 }

@@ -18,6 +18,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use crate::error::ApiError;
+use crate::service::attributed;
 use crate::service::inventory::ReportedSection;
 use crate::service::session_registry::SessionSignal;
 use crate::service::sessions::{Hello, OpenedSession};
@@ -123,7 +124,7 @@ pub(super) async fn run(state: GatewayState, identity: NodeIdentity, socket: Web
             return;
         }
     };
-    let opened = match state.session_opener.open(hello).await {
+    let opened = match state.hellos.submit(hello).await {
         Some(Ok(opened)) => opened,
         Some(Err(err)) => {
             tracing::info!(%node_id, code = err.code(), reason = %err.message(), "session refused");
@@ -158,7 +159,11 @@ pub(super) async fn run(state: GatewayState, identity: NodeIdentity, socket: Web
             .await
         }
     };
-    end(&state, &node_id, epoch, ending, &mut sink).await;
+    attributed(
+        "gateway.session_end",
+        end(&state, &node_id, epoch, ending, &mut sink),
+    )
+    .await;
 }
 
 /// Waits for the daemon's `hello`. `Err(None)`: the daemon left first; `Err(Some)`: the
@@ -363,14 +368,17 @@ impl Live<'_> {
         // A report ends where another kind of frame begins: store it first, so what follows
         // (a command's result after its `inventory.refresh`) is handled after it, as sent.
         if !matches!(message, DaemonMessage::Inventory { .. })
-            && let next @ (Next::Close(_) | Next::DaemonLeft) = self.store_report().await
+            && let next @ (Next::Close(_) | Next::DaemonLeft) =
+                attributed("gateway.inventory", self.store_report()).await
         {
             return next;
         }
         match message {
             DaemonMessage::Hello { .. } => Next::violation("hello was already sent"),
             DaemonMessage::Heartbeat { seq } => self.on_heartbeat(seq).await,
-            DaemonMessage::CommandStarted { id } => self.on_command_started(&id).await,
+            DaemonMessage::CommandStarted { id } => {
+                attributed("gateway.command_started", self.on_command_started(&id)).await
+            }
             DaemonMessage::CommandResult {
                 id,
                 outcome,
@@ -378,22 +386,32 @@ impl Live<'_> {
                 output,
                 result,
             } => {
-                self.on_command_result(&id, outcome, exit_code, &output, result)
-                    .await
+                let handled = self.on_command_result(&id, outcome, exit_code, &output, result);
+                attributed("gateway.command_result", handled).await
             }
-            DaemonMessage::Converged { generation } => self.on_converged(generation).await,
+            DaemonMessage::Converged { generation } => {
+                attributed("gateway.converged", self.on_converged(generation)).await
+            }
             DaemonMessage::Inventory {
                 section,
                 hash,
                 content,
-            } => self.on_inventory(section, hash, content).await,
+            } => {
+                attributed(
+                    "gateway.inventory",
+                    self.on_inventory(section, hash, content),
+                )
+                .await
+            }
         }
     }
 
     /// A signal from the session registry (see `service::sessions`).
     async fn on_signal(&mut self, signal: Option<SessionSignal>) -> Next {
         match signal {
-            Some(SessionSignal::CommandsChanged) => self.dispatch().await.into(),
+            Some(SessionSignal::CommandsChanged) => {
+                attributed("gateway.dispatch", self.dispatch()).await.into()
+            }
             Some(SessionSignal::Close(reason)) => Next::Close(Ending {
                 code: close_code::NORMAL,
                 reason: reason.to_owned(),
@@ -466,14 +484,12 @@ impl Live<'_> {
     }
 
     async fn on_converged(&mut self, generation: i64) -> Next {
-        match self
-            .state
-            .services
-            .report_converged(self.node_id, generation)
-            .await
-        {
-            Ok(()) => Next::Continue,
-            Err(err) => Next::violation(format!("converged: {}", err.message())),
+        let report = (self.node_id.clone(), generation);
+        match self.state.convergences.submit(report).await {
+            Some(Ok(())) => Next::Continue,
+            Some(Err(ApiError::Internal(_))) => Next::Close(Ending::internal()),
+            Some(Err(err)) => Next::violation(format!("converged: {}", err.message())),
+            None => Next::Close(Ending::shutdown()),
         }
     }
 

@@ -39,6 +39,7 @@ use crate::pki::Ca;
 use session_registry::SessionRegistry;
 use store::Store;
 
+pub use store::attributed;
 pub use store::capacity::CapacityRow;
 pub use store::commands::CommandFilter;
 pub use store::events::EventFilter;

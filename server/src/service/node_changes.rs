@@ -29,10 +29,12 @@ impl<F> NodeTransition for F where
 {
 }
 
-/// One node change of a batch ([`Services::change_nodes_in`]): the node, the `version` the
-/// caller read (if it read one), why (the events' cause), and the transition.
+/// One node change of a batch ([`Services::change_nodes_in`]): the node, who asks (the
+/// events' actor), the `version` the caller read (if it read one), why (the events' cause),
+/// and the transition.
 pub struct NodeChangeRequest<F> {
     pub id: NodeId,
+    pub actor: Actor,
     pub expected_version: Option<i64>,
     pub cause: String,
     pub change: F,
@@ -98,14 +100,13 @@ impl Services {
         Ok(after)
     }
 
-    /// Many controller changes in one transaction, one commit for all: while a fleet comes
+    /// Many node changes in one transaction, one commit for all: while a fleet comes
     /// up, a controller has a thousand nodes to move, and a transaction each kept SQLite's
     /// one writer (which sessions and operators wait on) busy with commits. Every request is
     /// answered ([`Services::change_nodes_in`]); an error of the whole batch (a database
     /// error, mostly) rolls it back and is the answer.
     pub async fn apply_node_changes<F>(
         &self,
-        actor: &Actor,
         items: Vec<NodeChangeRequest<F>>,
     ) -> ApiResult<Vec<NodeChangeOutcome>>
     where
@@ -116,7 +117,7 @@ impl Services {
         }
         let everyone = |_: &NodeRecord| true;
         let txn = self.store.write().await?;
-        let outcomes = self.change_nodes_in(&txn, actor, &everyone, items).await?;
+        let outcomes = self.change_nodes_in(&txn, &everyone, items).await?;
         txn.commit().await?;
         for (after, changes) in outcomes
             .iter()
@@ -152,13 +153,12 @@ impl Services {
     {
         let request = NodeChangeRequest {
             id: id.clone(),
+            actor: actor.clone(),
             expected_version,
             cause: cause.to_owned(),
             change,
         };
-        let mut outcomes = self
-            .change_nodes_in(txn, actor, visible, vec![request])
-            .await?;
+        let mut outcomes = self.change_nodes_in(txn, visible, vec![request]).await?;
         outcomes
             .pop()
             .map_or_else(|| Err(not_found(id)), |(_, outcome)| outcome)
@@ -178,7 +178,6 @@ impl Services {
     pub async fn change_nodes_in<F>(
         &self,
         txn: &WriteTxn,
-        actor: &Actor,
         visible: &(dyn Fn(&NodeRecord) -> bool + Send + Sync),
         items: Vec<NodeChangeRequest<F>>,
     ) -> ApiResult<Vec<NodeChangeOutcome>>
@@ -200,10 +199,7 @@ impl Services {
             *seen += 1;
         }
         for round in rounds {
-            for (index, outcome) in self
-                .change_distinct_nodes_in(txn, actor, visible, round)
-                .await?
-            {
+            for (index, outcome) in self.change_distinct_nodes_in(txn, visible, round).await? {
                 outcomes[index] = Some(outcome);
             }
         }
@@ -215,7 +211,6 @@ impl Services {
     async fn change_distinct_nodes_in<F>(
         &self,
         txn: &WriteTxn,
-        actor: &Actor,
         visible: &(dyn Fn(&NodeRecord) -> bool + Send + Sync),
         items: Vec<(usize, NodeChangeRequest<F>)>,
     ) -> ApiResult<Vec<(usize, NodeChangeOutcome)>>
@@ -225,11 +220,12 @@ impl Services {
         let ids: Vec<NodeId> = items.iter().map(|(_, item)| item.id.clone()).collect();
         let mut loaded = nodes::load_many(&**txn, &ids, true).await?;
         let now = self.clock.now();
-        let decided: Vec<_> = items
+        let decided: Vec<Decided> = items
             .into_iter()
             .map(|(index, item)| {
                 let NodeChangeRequest {
                     id,
+                    actor,
                     expected_version,
                     cause,
                     change,
@@ -240,37 +236,42 @@ impl Services {
                     expected_version,
                     visible,
                     change,
-                    actor,
+                    &actor,
                     now,
                 );
-                (index, id, cause, outcome)
+                Decided {
+                    index,
+                    id,
+                    actor,
+                    cause,
+                    outcome,
+                }
             })
             .collect();
         let writes: Vec<(&NodeRecord, &NodeRecord)> = decided
             .iter()
-            .filter_map(|(_, _, _, outcome)| match outcome {
+            .filter_map(|decided| match &decided.outcome {
                 Ok((before, after, changes)) if !changes.is_empty() => Some((before, after)),
                 _ => None,
             })
             .collect();
         nodes::save_many(&**txn, &writes).await?;
         let mut outcomes = Vec::with_capacity(decided.len());
-        for (index, id, cause, outcome) in decided {
-            let outcome = match outcome {
+        for decided in decided {
+            let outcome = match decided.outcome {
                 Ok((before, after, changes)) => {
                     if !changes.is_empty() {
-                        self.after_node_write_in(
-                            txn, &before, &after, &changes, actor, &cause, now,
-                        )
-                        .await?;
+                        let (actor, cause) = (&decided.actor, &decided.cause);
+                        self.after_node_write_in(txn, &before, &after, &changes, actor, cause, now)
+                            .await?;
                     }
-                    metrics::counter!("bc_node_changes_total", "cause" => cause)
+                    metrics::counter!("bc_node_changes_total", "cause" => decided.cause)
                         .increment(changes.len() as u64);
                     Ok((after, changes))
                 }
                 Err(err) => Err(err),
             };
-            outcomes.push((index, (id, outcome)));
+            outcomes.push((decided.index, (decided.id, outcome)));
         }
         Ok(outcomes)
     }
@@ -341,6 +342,16 @@ impl Services {
                 .kick(&after.id, bc_core::protocol::close::IDENTITY_REVOKED);
         }
     }
+}
+
+/// A request of a round once decided: its place in the batch, its node, actor and cause, and
+/// `(before, after, changes)` or why it is refused.
+struct Decided {
+    index: usize,
+    id: NodeId,
+    actor: Actor,
+    cause: String,
+    outcome: ApiResult<(NodeRecord, NodeRecord, Vec<Change>)>,
 }
 
 /// One request of a round, decided in memory against the nodes the round loaded: `(before,

@@ -70,6 +70,7 @@ impl Services {
                 let observed_generation = hello.observed_generation;
                 NodeChangeRequest {
                     id: hello.identity.node_id.clone(),
+                    actor: gateway.clone(),
                     expected_version: None,
                     cause: format!("session:{}", epochs[&hello.identity.node_id]),
                     change: move |n: &mut NodeRecord, by: &Actor, now| {
@@ -80,9 +81,7 @@ impl Services {
                 }
             })
             .collect();
-        let outcomes = self
-            .change_nodes_in(&txn, &gateway, &same_identity, requests)
-            .await?;
+        let outcomes = self.change_nodes_in(&txn, &same_identity, requests).await?;
         let opened: Vec<(NodeId, i64)> = outcomes
             .iter()
             .filter(|(_, outcome)| outcome.is_ok())
@@ -169,19 +168,31 @@ impl Services {
             .map_or(0, |(generation, _)| generation))
     }
 
-    /// The daemon converged spec `generation`: the node's `observedGeneration`.
-    pub async fn report_converged(&self, node_id: &NodeId, generation: i64) -> ApiResult<()> {
-        let actor = Actor::Node(node_id.to_string());
-        self.apply_node_change(
-            &actor,
-            node_id,
-            None,
-            &|_| true,
-            "daemon:converged",
-            |n, _, _| n.report_observed_generation(generation),
-        )
-        .await?;
-        Ok(())
+    /// Daemons converged their specs, each `(node, generation)`: the nodes'
+    /// `observedGeneration`, in one transaction ([`Services::change_nodes_in`]). Each report
+    /// is answered in the order given; one the domain refuses (a generation the node never
+    /// had) is answered with its error, and the rest are written.
+    pub async fn report_converged_many(
+        &self,
+        reports: Vec<(NodeId, i64)>,
+    ) -> ApiResult<Vec<ApiResult<()>>> {
+        let requests = reports
+            .into_iter()
+            .map(|(node_id, generation)| NodeChangeRequest {
+                actor: Actor::Node(node_id.to_string()),
+                id: node_id,
+                expected_version: None,
+                cause: "daemon:converged".to_owned(),
+                change: move |n: &mut NodeRecord, _: &Actor, _| {
+                    n.report_observed_generation(generation)
+                },
+            })
+            .collect();
+        let outcomes = self.apply_node_changes(requests).await?;
+        Ok(outcomes
+            .into_iter()
+            .map(|(_, outcome)| outcome.map(|_| ()))
+            .collect())
     }
 
     /// Records a batch of heartbeats in one transaction; returns the (node, epoch) pairs

@@ -1,6 +1,7 @@
 //! The batched writers: many node changes in one transaction
 //! (`Services::apply_node_changes`, on `change_nodes_in`), and many daemons' hellos opened in
-//! one (`Services::open_sessions`). Each request of a batch is answered as if it had been a
+//! one (`Services::open_sessions`), and daemons' `converged` reports written together
+//! (`Services::report_converged_many`). Each request of a batch is answered as if it had been a
 //! transaction of its own, and what a refused request asked for is not written.
 
 use bc_core::Actor;
@@ -38,6 +39,7 @@ enum Ask {
 fn request(id: &NodeId, version: i64, ask: Ask) -> NodeChangeRequest<impl NodeTransition> {
     NodeChangeRequest {
         id: id.clone(),
+        actor: Actor::Controller("batch-test".into()),
         expected_version: Some(version),
         cause: "test:batch".to_owned(),
         change: move |n: &mut NodeRecord, by: &Actor, at: DateTime<Utc>| match ask {
@@ -109,7 +111,7 @@ async fn a_batch_of_node_changes_answers_each_request_and_writes_the_rest_togeth
         let outcomes = s
             .server
             .services
-            .apply_node_changes(&Actor::Controller("batch-test".into()), requests)
+            .apply_node_changes(requests)
             .await
             .unwrap_or_else(|err| panic!("the batch as a whole: {}", err.message()));
 
@@ -312,6 +314,51 @@ async fn hellos_opened_together_each_get_their_own_session_and_a_refused_one_ope
             unchanged(&record(s, &replaced.id).await),
             unchanged(&replaced)
         );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn convergence_reports_written_together_are_each_the_daemons_own() {
+    each_backend(async |s| {
+        let site = site_and_pool(s).await;
+        let nodes: Vec<NodeRecord> = (0..2)
+            .map(|_| {
+                let mut node = node_record(s, &site, ProvisionState::Adopted);
+                node.generation = 2;
+                node
+            })
+            .collect();
+        s.insert_nodes(&nodes).await;
+        let (x, y) = (&nodes[0], &nodes[1]);
+
+        let answers = s
+            .server
+            .services
+            .report_converged_many(vec![(x.id.clone(), 2), (y.id.clone(), 5)])
+            .await
+            .unwrap_or_else(|err| panic!("the batch as a whole: {}", err.message()));
+
+        let codes: Vec<Result<(), &str>> = answers
+            .iter()
+            .map(|answer| answer.as_ref().map(|_| ()).map_err(|err| err.code()))
+            .collect();
+        assert_eq!(
+            codes,
+            vec![Ok(()), Err("BAD_USER_INPUT")],
+            "generation 5 is not one the node ever had"
+        );
+        let stored = record(s, &x.id).await;
+        assert_eq!(
+            (stored.observed_generation, stored.version),
+            (2, x.version + 1)
+        );
+        let events = crate::common::events(&node(s, &x.id.to_string()).await);
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0]["actor"], json!(format!("node:{}", x.id)));
+        assert_eq!(events[0]["cause"], json!("daemon:converged"));
+        assert_eq!(unchanged(&record(s, &y.id).await), unchanged(y));
+        assert_eq!(record(s, &y.id).await.observed_generation, 0);
     })
     .await;
 }

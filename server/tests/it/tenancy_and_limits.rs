@@ -537,6 +537,14 @@ async fn health_readiness_metrics_and_graphiql_are_served() {
             viewer.data()["viewer"],
             json!({ "subject": "test-viewer", "role": "viewer", "tenantId": null })
         );
+        // A query that reads the database, so its statements are counted under `api`.
+        s.gql(
+            Some(&s.token(Role::Viewer)),
+            "{ nodes(first: 1) { nodes { id } } }",
+            json!({}),
+        )
+        .await
+        .data();
         let (status, metrics) = s.get("/metrics").await;
         assert_eq!(status, 200);
         for needle in [
@@ -546,6 +554,7 @@ async fn health_readiness_metrics_and_graphiql_are_served() {
             "bc_db_pool_connections",
             // Every statement the store ran, by kind (README: "Profiling").
             "bc_db_statements_total{",
+            "caller=\"api\"",
             "bc_db_statement_seconds",
         ] {
             assert!(

@@ -24,6 +24,7 @@ pub mod rows;
 pub mod schedule_sql;
 pub mod sessions;
 mod statement_metrics;
+pub use statement_metrics::attributed;
 pub mod workflows;
 
 use bc_migration::{Migrator, MigratorTrait};

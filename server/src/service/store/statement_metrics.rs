@@ -1,11 +1,27 @@
-//! Statements per second by kind, for profiling: every statement the store runs is counted in
-//! `bc_db_statements_total{statement}` and timed in `bc_db_statement_seconds{statement}`,
-//! where the kind is its verb and first table (`select nodes`, `update node_sessions`).
+//! Statements per second by kind and caller, for profiling: every statement the store runs is
+//! counted in `bc_db_statements_total{statement, caller}` and timed in
+//! `bc_db_statement_seconds{statement}`, where the kind is its verb and first table (`select
+//! nodes`, `update node_sessions`) and the caller is the part of the server whose work ran it
+//! (`gateway.hello`, `controller.lifecycle`, `api`: [`attributed`]).
 //! Reading the counter's rate from `/metrics` while a fleet comes up or a benchmark runs says
 //! which part of the code keeps the database busy, next to the per-thread CPU and `perf`
 //! (README: "Profiling").
 
 use sea_orm::metric::Info;
+use std::future::Future;
+
+tokio::task_local! {
+    /// The part of the server the running task works for (see [`attributed`]).
+    static CALLER: &'static str;
+}
+
+/// Runs `work` with every statement it runs counted under `caller`: a fixed name of the part
+/// of the server it belongs to (a gateway handler, a controller, the feed, the API). The
+/// statement kinds say what keeps the database busy; the callers say whose work it is, which
+/// is where a change has to be made. A statement of no attributed work counts as `other`.
+pub async fn attributed<F: Future>(caller: &'static str, work: F) -> F::Output {
+    CALLER.scope(caller, work).await
+}
 
 /// The kind of a statement: its verb and the first table it names, lower case; at most a
 /// few dozen distinct values (verbs × tables), so they are safe as a metric label.
@@ -59,9 +75,11 @@ pub fn record(info: &Info<'_>) {
     let kind = statement_kind(&info.statement.sql);
     metrics::histogram!("bc_db_statement_seconds", "statement" => kind.clone())
         .record(info.elapsed.as_secs_f64());
+    let caller = CALLER.try_with(|caller| *caller).unwrap_or("other");
     metrics::counter!(
         "bc_db_statements_total",
         "statement" => kind,
+        "caller" => caller,
         "failed" => if info.failed { "true" } else { "false" }
     )
     .increment(1);

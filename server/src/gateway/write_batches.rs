@@ -1,0 +1,107 @@
+//! The gateway's per-node writes that a fleet coming up sends by the hundred a second (every
+//! daemon's `hello`, every `converged`) are written in batches: whatever arrived while the
+//! last batch was being written goes into the next, in one transaction whose statements do
+//! not grow with it (`Services::open_sessions`, `Services::report_converged_many`). On
+//! SQLite every statement is a round trip to the one writer that everything else waits on.
+//! A request that finds the writer idle is written at once, alone, so batching adds no wait
+//! of its own.
+
+use bc_core::ids::NodeId;
+use std::collections::HashSet;
+use std::future::Future;
+use tokio::sync::{mpsc, oneshot, watch};
+
+/// The most requests written in one transaction: enough that a burst of a thousand
+/// connecting daemons costs a handful of transactions, few enough that one transaction holds
+/// SQLite's writer (which operators' mutations wait on) for tens of milliseconds, not seconds.
+const MAX_BATCH: usize = 256;
+/// Requests waiting to be written before sessions wait to hand theirs over.
+const QUEUE_CAPACITY: usize = 4_096;
+
+type Pending<T, R> = (T, oneshot::Sender<R>);
+
+/// A task that writes requests of type `T` in batches and answers each with an `R`.
+pub struct WriteBatches<T, R> {
+    tx: mpsc::Sender<Pending<T, R>>,
+}
+
+impl<T, R> Clone for WriteBatches<T, R> {
+    fn clone(&self) -> Self {
+        WriteBatches {
+            tx: self.tx.clone(),
+        }
+    }
+}
+
+impl<T: Send + 'static, R: Send + 'static> WriteBatches<T, R> {
+    /// Starts the task. `write` writes one batch and answers every request of it, in the
+    /// order given; a batch holds each node (`node_of`) once, so a node's second request
+    /// waits for the next batch and is written after its first. Statements are counted under
+    /// `caller` (README: "Profiling"). The task ends after `shutdown`, answering nothing more.
+    pub fn start<W, Fut>(
+        caller: &'static str,
+        node_of: fn(&T) -> &NodeId,
+        write: W,
+        shutdown: watch::Receiver<bool>,
+    ) -> (WriteBatches<T, R>, tokio::task::JoinHandle<()>)
+    where
+        W: FnMut(Vec<T>) -> Fut + Send + 'static,
+        Fut: Future<Output = Vec<R>> + Send + 'static,
+    {
+        let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
+        let task = tokio::spawn(crate::service::attributed(
+            caller,
+            run(caller, node_of, write, rx, shutdown),
+        ));
+        (WriteBatches { tx }, task)
+    }
+
+    /// Writes `request` with whatever else is waiting. `None`: the gateway is shutting down
+    /// and wrote nothing.
+    pub async fn submit(&self, request: T) -> Option<R> {
+        let (answer, answered) = oneshot::channel();
+        self.tx.send((request, answer)).await.ok()?;
+        answered.await.ok()
+    }
+}
+
+async fn run<T, R, W, Fut>(
+    caller: &'static str,
+    node_of: fn(&T) -> &NodeId,
+    mut write: W,
+    mut rx: mpsc::Receiver<Pending<T, R>>,
+    mut shutdown: watch::Receiver<bool>,
+) where
+    W: FnMut(Vec<T>) -> Fut,
+    Fut: Future<Output = Vec<R>>,
+{
+    let mut held_over: Option<Pending<T, R>> = None;
+    loop {
+        let first = match held_over.take() {
+            Some(pending) => pending,
+            None => tokio::select! {
+                received = rx.recv() => match received {
+                    Some(pending) => pending,
+                    None => return,
+                },
+                _ = shutdown.changed() => return,
+            },
+        };
+        let mut nodes = HashSet::from([node_of(&first.0).clone()]);
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            let Ok(pending) = rx.try_recv() else { break };
+            if !nodes.insert(node_of(&pending.0).clone()) {
+                held_over = Some(pending);
+                break;
+            }
+            batch.push(pending);
+        }
+        metrics::histogram!("bc_gateway_write_batch_size", "caller" => caller)
+            .record(batch.len() as f64);
+        let (requests, answers): (Vec<T>, Vec<_>) = batch.into_iter().unzip();
+        for (answer, result) in answers.into_iter().zip(write(requests).await) {
+            let _ = answer.send(result);
+        }
+    }
+}
