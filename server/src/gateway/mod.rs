@@ -25,6 +25,7 @@ use crate::listener::{
     Admitted, ConnectionGate, IdleTimeout, StopSignal, accept_loop, count_timeout, serve_http,
 };
 use crate::service::Services;
+use crate::service::inventory::ReportedSection;
 use crate::service::sessions::{Hello, OpenedSession};
 use bc_core::ids::NodeId;
 pub use heartbeats::HeartbeatWriter;
@@ -45,6 +46,8 @@ pub(crate) struct GatewayState {
     pub hellos: WriteBatches<Hello, ApiResult<OpenedSession>>,
     /// `converged` reports, written in batches.
     pub convergences: WriteBatches<(NodeId, i64), ApiResult<()>>,
+    /// Inventory reports, stored in batches.
+    pub inventories: WriteBatches<(NodeId, Vec<ReportedSection>), ApiResult<()>>,
     pub shutdown: watch::Receiver<bool>,
     pub session_tasks: SessionTasks,
 }
@@ -81,8 +84,8 @@ pub struct Gateway {
     pub gateway_id: String,
     shutdown: watch::Sender<bool>,
     task: JoinHandle<()>,
-    /// The heartbeat writer, the hello and convergence batches and the command router, which
-    /// stop with `shutdown`.
+    /// The heartbeat writer, the hello, convergence and inventory batches and the command
+    /// router, which stop with `shutdown`.
     background: Vec<JoinHandle<()>>,
     session_tasks: SessionTasks,
     services: Services,
@@ -128,11 +131,21 @@ impl Gateway {
                 shutdown_rx.clone(),
             )
         };
+        let (inventories, inventories_task) = {
+            let services = services.clone();
+            WriteBatches::start(
+                "gateway.inventory",
+                |(node, _): &(NodeId, Vec<ReportedSection>)| node,
+                move |batch| store_inventory(services.clone(), batch),
+                shutdown_rx.clone(),
+            )
+        };
         let session_tasks = SessionTasks::default();
         let state = GatewayState {
             heartbeats,
             hellos,
             convergences,
+            inventories,
             services: services.clone(),
             gateway_id: gateway_id.clone(),
             heartbeat_interval,
@@ -168,7 +181,13 @@ impl Gateway {
             gateway_id: gateway_id.to_string(),
             shutdown: shutdown_tx,
             task,
-            background: vec![heartbeat_writer, hellos_task, convergences_task, router],
+            background: vec![
+                heartbeat_writer,
+                hellos_task,
+                convergences_task,
+                inventories_task,
+                router,
+            ],
             session_tasks,
             services,
         })
@@ -304,6 +323,18 @@ async fn report_converged(services: Services, batch: Vec<(NodeId, i64)>) -> Vec<
         .report_converged_many(batch)
         .await
         .unwrap_or_else(|err| failed_batch("recording convergence", &err, count))
+}
+
+/// One batch of inventory reports ([`Services::store_inventory_reports`]).
+async fn store_inventory(
+    services: Services,
+    batch: Vec<(NodeId, Vec<ReportedSection>)>,
+) -> Vec<ApiResult<()>> {
+    let count = batch.len();
+    services
+        .store_inventory_reports(batch)
+        .await
+        .unwrap_or_else(|err| failed_batch("storing inventory", &err, count))
 }
 
 /// The answers of a batch that failed as a whole: logged once, an internal error for each.

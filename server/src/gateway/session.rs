@@ -537,7 +537,8 @@ impl Live<'_> {
         Next::Continue
     }
 
-    /// Stores the report gathered so far (nothing if there is none), in one transaction.
+    /// Stores the report gathered so far (nothing if there is none), with other sessions'
+    /// reports ([`super::WriteBatches`]).
     async fn store_report(&mut self) -> Next {
         self.desk.report_due = None;
         let report = std::mem::take(&mut self.desk.report);
@@ -546,14 +547,15 @@ impl Live<'_> {
         }
         match self
             .state
-            .services
-            .store_inventory_sections(self.node_id, report)
+            .inventories
+            .submit((self.node_id.clone(), report))
             .await
         {
-            Ok(()) => Next::Continue,
+            None => Next::Close(Ending::shutdown()),
+            Some(Ok(())) => Next::Continue,
             // The content is the daemon's fault (a malformed `gpus` section): a violation.
-            Err(ApiError::BadUserInput(message)) => Next::violation(message),
-            Err(err) => {
+            Some(Err(ApiError::BadUserInput(message))) => Next::violation(message),
+            Some(Err(err)) => {
                 let source = match &err {
                     ApiError::Internal(source) => format!("{source:#}"),
                     other => other.message(),

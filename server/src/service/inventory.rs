@@ -4,12 +4,15 @@
 
 use bc_core::Actor;
 use bc_core::catalog::HardwareProfile;
-use bc_core::hardware::hardware_key;
-use bc_core::health::Device;
+use bc_core::hardware::{HardwareKey, hardware_key};
+use bc_core::health::{Device, InventoryFacts};
 use bc_core::ids::{NodeId, PoolId};
-use std::collections::BTreeMap;
+use chrono::{DateTime, Utc};
+use std::collections::{BTreeMap, HashMap};
 
 use super::Services;
+use super::node_changes::NodeChangeRequest;
+use super::store::inventory::SectionRow;
 use super::store::node_filter::NodeFilter;
 use super::store::{WriteTxn, catalog, inventory, nodes};
 use crate::auth::Principal;
@@ -24,49 +27,49 @@ pub struct ReportedSection {
 }
 
 impl Services {
-    /// Stores the inventory sections a daemon sent together (the sections `welcome` asked
-    /// for, or those of one `inventory.refresh`) and, in the same transaction, runs the
-    /// Inventory controller once over the node's reports
-    /// ([`Services::inventory_controller_in`]). One transaction for a whole report, not one
-    /// per section: a first connect sends seven sections, and at 10,000 nodes coming up
-    /// those transactions, each rereading every section, the node and its pool, were the
-    /// bulk of the writer's work. A malformed section refuses the whole report.
-    pub async fn store_inventory_sections(
+    /// Stores inventory reports, each the sections one daemon sent together (the sections
+    /// `welcome` asked for, or those of one `inventory.refresh`), and, in the same
+    /// transaction, runs the Inventory controller over each reporting node
+    /// ([`Services::inventory_controller_in`]). One transaction for many reports, not one per
+    /// report or section, and statements per batch, not per node: at 10,000 nodes coming up,
+    /// the reports were the bulk of the writer's work. Each report is answered in the order
+    /// given; a malformed one is refused whole and stores nothing.
+    pub async fn store_inventory_reports(
         &self,
-        node_id: &NodeId,
-        report: Vec<ReportedSection>,
-    ) -> ApiResult<()> {
-        if report.is_empty() {
-            return Ok(());
+        reports: Vec<(NodeId, Vec<ReportedSection>)>,
+    ) -> ApiResult<Vec<ApiResult<()>>> {
+        if reports.iter().all(|(_, report)| report.is_empty()) {
+            return Ok(reports.iter().map(|_| Ok(())).collect());
         }
         let txn = self.store.write().await?;
         let now = self.clock.now();
-        // The node row before its inventory rows (ARCHITECTURE.md, Invariants: lock order),
-        // since the controller changes the node below.
-        nodes::lock(&*txn, node_id).await?;
-        let gpus_reported = report.iter().any(|r| r.section == "gpus");
-        let names: Vec<&str> = report.iter().map(|r| r.section.as_str()).collect();
-        let cause = format!("inventory:{}", names.join(","));
-        inventory::put_sections(
-            &*txn,
-            node_id,
-            report.into_iter().map(|r| (r.section, r.hash, r.content)),
-            now,
-        )
-        .await?;
-        self.inventory_controller_in(&txn, node_id, &cause, gpus_reported)
-            .await?;
+        // The node rows before their inventory rows (ARCHITECTURE.md, Invariants: lock
+        // order), since the controller changes the nodes below.
+        let ids: Vec<NodeId> = reports.iter().map(|(id, _)| id.clone()).collect();
+        nodes::lock_many(&*txn, &ids).await?;
+        let runs = reports
+            .into_iter()
+            .map(|(node_id, report)| {
+                let names: Vec<&str> = report.iter().map(|r| r.section.as_str()).collect();
+                InventoryRun {
+                    cause: format!("inventory:{}", names.join(",")),
+                    gpus_reported: report.iter().any(|r| r.section == "gpus"),
+                    node_id,
+                    report,
+                }
+            })
+            .collect();
+        let outcomes = self.inventory_controller_in(&txn, runs, now).await?;
         txn.commit().await?;
-        Ok(())
+        Ok(outcomes.into_iter().map(|o| o.map(|_| ())).collect())
     }
 
-    /// Runs the Inventory controller again over every live node of a pool, each in a
-    /// transaction of its own, against the pool's hardware profile as it is now: what
-    /// `updatePool` does when the expectations change, so that the mismatch conditions
-    /// follow at once rather than at each node's next report. Returns how many nodes
-    /// changed.
+    /// Runs the Inventory controller again over every live node of a pool, a page of nodes
+    /// per transaction, against the pool's hardware profile as it is now: what `updatePool`
+    /// does when the expectations change, so that the mismatch conditions follow at once
+    /// rather than at each node's next report. Returns how many nodes changed.
     pub(crate) async fn reevaluate_pool_inventory(&self, pool_id: &PoolId) -> ApiResult<usize> {
-        /// Nodes read per page while walking the pool.
+        /// Nodes read, and re-evaluated in one transaction, per page while walking the pool.
         const PAGE: u64 = 500;
         let filter = NodeFilter {
             pool_ids: vec![pool_id.clone()],
@@ -83,18 +86,25 @@ impl Services {
                 break;
             };
             after = Some(last.id.to_string());
-            for node in &page {
-                let txn = self.store.write().await?;
-                nodes::lock(&*txn, &node.id).await?;
-                let cause = format!("pool:{pool_id}");
-                if self
-                    .inventory_controller_in(&txn, &node.id, &cause, false)
-                    .await?
-                {
+            let ids: Vec<NodeId> = page.iter().map(|node| node.id.clone()).collect();
+            let txn = self.store.write().await?;
+            nodes::lock_many(&*txn, &ids).await?;
+            let runs = ids
+                .into_iter()
+                .map(|node_id| InventoryRun {
+                    node_id,
+                    report: Vec::new(),
+                    cause: format!("pool:{pool_id}"),
+                    gpus_reported: false,
+                })
+                .collect();
+            let now = self.clock.now();
+            for outcome in self.inventory_controller_in(&txn, runs, now).await? {
+                if outcome? {
                     changed += 1;
                 }
-                txn.commit().await?;
             }
+            txn.commit().await?;
             if (page.len() as u64) < PAGE {
                 break;
             }
@@ -102,79 +112,189 @@ impl Services {
         Ok(changed)
     }
 
-    /// The Inventory controller for one node, inside the caller's transaction (the node row
-    /// already locked): reads every stored section and the pool's hardware profile, and
-    /// applies what they say ([`bc_core::health::interpret`]): devices and atoms, inventory
-    /// labels, the GPU count, the health and mismatch conditions with their
-    /// `noScheduleReasons`, and the hardware key. The devices are rewritten only when
-    /// `gpus_reported` (a fresh `gpus` section): other sections and a re-evaluation leave
-    /// them, and the placer's index of free atoms, alone. Returns whether the node changed.
+    /// The Inventory controller for several nodes, each at most once, inside the caller's
+    /// transaction (the node rows already locked): stores each run's new sections, reads
+    /// every stored section and the pools' hardware profiles, and applies what they say
+    /// ([`bc_core::health::interpret`]): devices and atoms, inventory labels, the GPU count,
+    /// the health and mismatch conditions with their `noScheduleReasons`, and the hardware
+    /// key. The devices are rewritten only when `gpus_reported` (a fresh `gpus` section):
+    /// other sections and a re-evaluation leave them, and the placer's index of free atoms,
+    /// alone. Answers, in the order given, whether each node changed; a run refused (a
+    /// malformed section, a node that does not exist) writes nothing, its sections included.
     async fn inventory_controller_in(
         &self,
         txn: &WriteTxn,
-        node_id: &NodeId,
-        cause: &str,
-        gpus_reported: bool,
-    ) -> ApiResult<bool> {
+        runs: Vec<InventoryRun>,
+        now: DateTime<Utc>,
+    ) -> ApiResult<Vec<ApiResult<bool>>> {
         let controller = Actor::Controller("inventory".into());
-        let now = self.clock.now();
-        let sections = inventory::sections(&**txn, node_id).await?;
-        let (_, pool_id) = nodes::generation_and_pool(&**txn, node_id)
-            .await?
-            .ok_or_else(|| ApiError::NotFound(format!("node `{node_id}` does not exist")))?;
-        let profile = match &pool_id {
-            Some(pool_id) => catalog::pool(&**txn, pool_id)
-                .await?
-                .map(|p| p.hardware_profile)
-                .unwrap_or_default(),
-            None => HardwareProfile::default(),
-        };
-        let facts = bc_core::health::interpret(&sections, &profile)
-            .map_err(|e| ApiError::BadUserInput(e.to_string()))?;
-        // The key is recomputed only from a complete set of identifiers (both sections
-        // reported): sections arrive one by one, and a key from half of them would differ
-        // from the join's, or be untrusted, until the other half arrives.
-        let complete = sections.contains_key("system") && sections.contains_key("network");
-        let ids = if complete {
-            bc_core::health::identifiers(sections.get("system"), sections.get("network"))
-        } else {
-            BTreeMap::new()
-        };
-        let hw = hardware_key(&ids);
+        let ids: Vec<NodeId> = runs.iter().map(|run| run.node_id.clone()).collect();
+        let mut stored = inventory::sections_of(&**txn, &ids).await?;
+        let pool_of = nodes::pool_of_each(&**txn, &ids).await?;
+        let mut profiles: HashMap<PoolId, HardwareProfile> = HashMap::new();
+        for pool_id in pool_of.values().flatten() {
+            if !profiles.contains_key(pool_id) {
+                let profile = catalog::pool(&**txn, pool_id)
+                    .await?
+                    .map(|p| p.hardware_profile)
+                    .unwrap_or_default();
+                profiles.insert(pool_id.clone(), profile);
+            }
+        }
+        // Each run decided in memory, on its node's stored sections with the new ones over
+        // them, before anything is written.
+        let mut decided: Vec<ApiResult<InventoryDecision>> = Vec::with_capacity(runs.len());
+        for run in runs {
+            let Some(pool_id) = pool_of.get(&run.node_id) else {
+                decided.push(Err(ApiError::NotFound(format!(
+                    "node `{}` does not exist",
+                    run.node_id
+                ))));
+                continue;
+            };
+            let mut sections = stored.remove(&run.node_id).unwrap_or_default();
+            for reported in &run.report {
+                sections.insert(reported.section.clone(), reported.content.clone());
+            }
+            let profile = pool_id
+                .as_ref()
+                .and_then(|pool| profiles.get(pool))
+                .cloned()
+                .unwrap_or_default();
+            let facts = match bc_core::health::interpret(&sections, &profile) {
+                Ok(facts) => facts,
+                Err(err) => {
+                    decided.push(Err(ApiError::BadUserInput(err.to_string())));
+                    continue;
+                }
+            };
+            // The key is recomputed only from a complete set of identifiers (both sections
+            // reported): sections arrive one by one, and a key from half of them would differ
+            // from the join's, or be untrusted, until the other half arrives.
+            let complete = sections.contains_key("system") && sections.contains_key("network");
+            let identifiers = if complete {
+                bc_core::health::identifiers(sections.get("system"), sections.get("network"))
+            } else {
+                BTreeMap::new()
+            };
+            let new_sections = run
+                .report
+                .into_iter()
+                .map(|r| SectionRow {
+                    node_id: run.node_id.clone(),
+                    section: r.section,
+                    hash: r.hash,
+                    content: r.content,
+                })
+                .collect();
+            decided.push(Ok(InventoryDecision {
+                new_sections,
+                node_id: run.node_id,
+                cause: run.cause,
+                gpus_reported: run.gpus_reported,
+                facts,
+                key: hardware_key(&identifiers),
+            }));
+        }
         // A trusted key must be unique across live nodes: one already held by another node
         // is kept, but untrusted, rather than letting two nodes claim one machine.
-        let held_elsewhere = match (&hw.key, hw.trusted) {
-            (Some(key), true) => nodes::by_trusted_hardware_key(&**txn, key)
-                .await?
-                .is_some_and(|other| &other != node_id),
-            _ => false,
-        };
-        let trusted = hw.trusted && !held_elsewhere;
-        let (_, changes) = self
-            .change_node_in(
-                txn,
-                &controller,
-                node_id,
-                None,
-                &|_| true,
-                cause,
-                |n, by, now| {
-                    let mut changes = n.apply_inventory(&facts, by, now)?;
-                    if hw.key.is_some() {
-                        changes.extend(n.set_hardware_key(hw.key.clone(), trusted));
+        let trusted_keys: Vec<String> = decided
+            .iter()
+            .flatten()
+            .filter(|d| d.key.trusted)
+            .filter_map(|d| d.key.key.clone())
+            .collect();
+        let holders = nodes::trusted_hardware_key_holders(&**txn, &trusted_keys).await?;
+        let everyone = |_: &bc_core::node::NodeRecord| true;
+        let requests: Vec<_> = decided
+            .iter()
+            .flatten()
+            .map(|d| {
+                let held_elsewhere = d
+                    .key
+                    .key
+                    .as_ref()
+                    .and_then(|key| holders.get(key))
+                    .is_some_and(|holder| holder != &d.node_id);
+                let trusted = d.key.trusted && !held_elsewhere;
+                let (facts, key) = (&d.facts, d.key.key.clone());
+                NodeChangeRequest {
+                    id: d.node_id.clone(),
+                    actor: controller.clone(),
+                    expected_version: None,
+                    cause: d.cause.clone(),
+                    change: move |n: &mut bc_core::node::NodeRecord, by: &Actor, now| {
+                        let mut changes = n.apply_inventory(facts, by, now)?;
+                        if key.is_some() {
+                            changes.extend(n.set_hardware_key(key, trusted));
+                        }
+                        Ok(changes)
+                    },
+                }
+            })
+            .collect();
+        let mut changed = self
+            .change_nodes_in(txn, &everyone, requests)
+            .await?
+            .into_iter();
+        // The node changes answer the decided runs in order; the refused runs keep their
+        // errors. Only a run whose node change went through stores its sections and devices,
+        // so a refused report leaves nothing behind.
+        let mut outcomes = Vec::with_capacity(decided.len());
+        let mut new_sections = Vec::new();
+        let mut devices: Vec<(NodeId, Vec<Device>)> = Vec::new();
+        for decision in decided {
+            let decision = match decision {
+                Ok(decision) => decision,
+                Err(err) => {
+                    outcomes.push(Err(err));
+                    continue;
+                }
+            };
+            let Some((_, outcome)) = changed.next() else {
+                return Err(ApiError::Internal(anyhow::anyhow!(
+                    "a node change of the inventory went unanswered"
+                )));
+            };
+            match outcome {
+                Ok((_, changes)) => {
+                    new_sections.extend(decision.new_sections);
+                    if decision.gpus_reported
+                        && let Some(list) = decision.facts.devices
+                    {
+                        devices.push((decision.node_id, list));
                     }
-                    Ok(changes)
-                },
-            )
-            .await?;
-        if let Some(devices) = &facts.devices
-            && gpus_reported
-        {
-            inventory::replace_devices(&**txn, node_id, devices, now).await?;
+                    outcomes.push(Ok(!changes.is_empty()));
+                }
+                Err(err) => outcomes.push(Err(err)),
+            }
         }
-        Ok(!changes.is_empty())
+        inventory::put_sections(&**txn, new_sections, now).await?;
+        inventory::replace_devices(&**txn, &devices, now).await?;
+        Ok(outcomes)
     }
+}
 
+/// One node's turn of the Inventory controller: the sections it reported now (none for a
+/// re-evaluation), why (the events' cause), and whether a fresh `gpus` section came.
+struct InventoryRun {
+    node_id: NodeId,
+    report: Vec<ReportedSection>,
+    cause: String,
+    gpus_reported: bool,
+}
+
+/// What the Inventory controller decided for one node before writing anything.
+struct InventoryDecision {
+    node_id: NodeId,
+    cause: String,
+    gpus_reported: bool,
+    new_sections: Vec<SectionRow>,
+    facts: InventoryFacts,
+    key: HardwareKey,
+}
+
+impl Services {
     /// A node's devices (GPUs) in name order, each with its atom, if the principal may see
     /// the node.
     pub async fn node_devices(

@@ -36,9 +36,7 @@ impl Services {
     ) -> ApiResult<()> {
         let txn = self.store.write().await?;
         let now = self.clock.now();
-        for (node, list) in devices {
-            inventory::replace_devices(&*txn, node, list, now).await?;
-        }
+        inventory::replace_devices(&*txn, devices, now).await?;
         txn.commit().await?;
         Ok(())
     }

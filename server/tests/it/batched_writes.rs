@@ -1,7 +1,8 @@
 //! The batched writers: many node changes in one transaction
 //! (`Services::apply_node_changes`, on `change_nodes_in`), and many daemons' hellos opened in
 //! one (`Services::open_sessions`), and daemons' `converged` reports written together
-//! (`Services::report_converged_many`). Each request of a batch is answered as if it had been a
+//! (`Services::report_converged_many`), and inventory reports stored together
+//! (`Services::store_inventory_reports`). Each request of a batch is answered as if it had been a
 //! transaction of its own, and what a refused request asked for is not written.
 
 use bc_core::Actor;
@@ -9,9 +10,11 @@ use bc_core::axes::{Connectivity, ProvisionState};
 use bc_core::ids::NodeId;
 use bc_core::node::NodeRecord;
 use bc_core::provision::ProvisionMove;
-use bc_entity::{node_inventory_section, node_session};
-use bc_testing::{TestServer, each_backend};
+use bc_entity::{node_device, node_inventory_section, node_session};
+use bc_testing::inventory::Machine;
+use bc_testing::{DaemonKnobs, TestServer, each_backend};
 use better_compute::pki::NodeIdentity;
+use better_compute::service::inventory::ReportedSection;
 use better_compute::service::node_changes::{NodeChangeRequest, NodeTransition};
 use better_compute::service::sessions::Hello;
 use chrono::{DateTime, Utc};
@@ -359,6 +362,93 @@ async fn convergence_reports_written_together_are_each_the_daemons_own() {
         assert_eq!(events[0]["cause"], json!("daemon:converged"));
         assert_eq!(unchanged(&record(s, &y.id).await), unchanged(y));
         assert_eq!(record(s, &y.id).await.observed_generation, 0);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn inventory_reports_stored_together_refuse_a_malformed_one_whole() {
+    each_backend(async |s| {
+        let site = site_and_pool(s).await;
+        let nodes: Vec<NodeRecord> = (0..2)
+            .map(|_| node_record(s, &site, ProvisionState::Adopted))
+            .collect();
+        let mut deleted = node_record(s, &site, ProvisionState::Adopted);
+        deleted.deleted_at = Some(now(s));
+        s.insert_nodes(&nodes).await;
+        s.insert_nodes(std::slice::from_ref(&deleted)).await;
+        let (good, bad) = (&nodes[0], &nodes[1]);
+        let report = |seed: u64| -> Vec<ReportedSection> {
+            let sections = Machine::new(seed, None, None).inventory(&DaemonKnobs::default());
+            let hashes = bc_testing::inventory::hashes(&sections);
+            sections
+                .into_iter()
+                .map(|(section, content)| ReportedSection {
+                    hash: hashes[&section].clone(),
+                    section,
+                    content,
+                })
+                .collect()
+        };
+        let mut malformed = report(2);
+        for section in &mut malformed {
+            if section.section == "gpus" {
+                section.content = json!({ "devices": "not a list" });
+            }
+        }
+
+        let answers = s
+            .server
+            .services
+            .store_inventory_reports(vec![
+                (good.id.clone(), report(1)),
+                (bad.id.clone(), malformed),
+                (deleted.id.clone(), report(3)),
+            ])
+            .await
+            .unwrap_or_else(|err| panic!("the batch as a whole: {}", err.message()));
+
+        let codes: Vec<Result<(), &str>> = answers
+            .iter()
+            .map(|answer| answer.as_ref().map(|_| ()).map_err(|err| err.code()))
+            .collect();
+        assert_eq!(codes, vec![Ok(()), Err("BAD_USER_INPUT"), Err("NOT_FOUND")]);
+        let db = s.database().await;
+        let sections = node_inventory_section::Entity::find()
+            .all(&db)
+            .await
+            .expect("reading sections");
+        let stored_for = |id: &NodeId| {
+            sections
+                .iter()
+                .filter(|r| r.node_id == id.to_string())
+                .count()
+        };
+        assert_eq!(
+            (
+                stored_for(&good.id),
+                stored_for(&bad.id),
+                stored_for(&deleted.id)
+            ),
+            (7, 0, 0),
+            "only the accepted report's sections are stored"
+        );
+        let devices = node_device::Entity::find()
+            .all(&db)
+            .await
+            .expect("reading devices");
+        assert!(
+            !devices.is_empty() && devices.iter().all(|d| d.node_id == good.id.to_string()),
+            "devices for the accepted report only"
+        );
+        let stored = record(s, &good.id).await;
+        assert_eq!(stored.gpu_count as usize, devices.len());
+        assert!(
+            stored.hardware_key.is_some(),
+            "the key from system and network"
+        );
+        assert_eq!(unchanged(&record(s, &bad.id).await), unchanged(bad));
+        assert!(event_summary(&node(s, &bad.id.to_string()).await).is_empty());
     })
     .await;
 }

@@ -20,8 +20,10 @@
 
 use bc_core::ids::NodeId;
 use bc_testing::{Backend, TestServer};
-use better_compute::error::ApiError;
+use better_compute::error::{ApiError, ApiResult};
 use better_compute::pki::NodeIdentity;
+use better_compute::service::Services;
+use better_compute::service::sessions::{Hello, OpenedSession};
 use better_compute::service::test_support::EVENT_ORDER_LOCK;
 use sea_orm::{
     ConnectOptions, ConnectionTrait, Database, DatabaseConnection, Statement, TransactionTrait,
@@ -62,6 +64,21 @@ async fn a_revoke_racing_a_session_start_or_end_on_the_node_does_not_deadlock() 
     s.stop().await;
 }
 
+/// What the gateway does with one daemon's `hello` (no inventory, nothing converged).
+async fn open_session(
+    services: &Services,
+    identity: &NodeIdentity,
+    gateway_id: &str,
+) -> ApiResult<OpenedSession> {
+    let hello = Hello {
+        identity: identity.clone(),
+        inventory_hashes: BTreeMap::new(),
+        observed_generation: 0,
+    };
+    let mut answers = services.open_sessions(gateway_id, vec![hello]).await?;
+    answers.pop().expect("an answer for the one hello")
+}
+
 async fn race(s: &TestServer, id: &str, step: SessionStep) {
     let services = s.server.services.clone();
     let identity = NodeIdentity {
@@ -69,8 +86,7 @@ async fn race(s: &TestServer, id: &str, step: SessionStep) {
         identity_generation: 1,
     };
     // The node has an open session (epoch 1), as a connected node has.
-    let open = services
-        .open_session(&identity, "gw-first", &BTreeMap::new(), 0)
+    let open = open_session(&services, &identity, "gw-first")
         .await
         .unwrap_or_else(|e| panic!("opening the first session: {}", e.message()));
 
@@ -100,8 +116,7 @@ async fn race(s: &TestServer, id: &str, step: SessionStep) {
         };
         async move {
             match step {
-                SessionStep::Opens => services
-                    .open_session(&identity, "gw-second", &BTreeMap::new(), 0)
+                SessionStep::Opens => open_session(&services, &identity, "gw-second")
                     .await
                     .map(|_| ()),
                 SessionStep::Closes => services.close_session(&identity.node_id, open.epoch).await,

@@ -40,45 +40,85 @@ pub async fn hashes_of(
     Ok(hashes)
 }
 
-/// Stores (or replaces) a node's inventory sections, `(section, hash, content)`, in one
-/// statement.
+/// How many rows one statement of [`put_sections`] or [`replace_devices`] writes: a device row,
+/// the widest, binds 11 parameters, and SQLite binds at most 32,766 to a statement.
+const ROWS_PER_INSERT: usize = 1_000;
+
+/// One inventory section as stored: the node, the section's name, its hash and content.
+pub struct SectionRow {
+    pub node_id: NodeId,
+    pub section: String,
+    pub hash: String,
+    pub content: serde_json::Value,
+}
+
+/// Stores (or replaces) inventory sections of any number of nodes, in one statement per
+/// [`ROWS_PER_INSERT`] sections.
 pub async fn put_sections(
     conn: &impl ConnectionTrait,
-    node_id: &NodeId,
-    sections: impl IntoIterator<Item = (String, String, serde_json::Value)>,
+    sections: Vec<SectionRow>,
     now: DateTime<Utc>,
 ) -> anyhow::Result<()> {
-    let rows: Vec<_> = sections
+    let mut rows = sections
         .into_iter()
-        .map(
-            |(section, hash, content)| node_inventory_section::ActiveModel {
-                node_id: Set(node_id.to_string()),
-                section: Set(section),
-                hash: Set(hash),
-                content: Set(content),
-                reported_at: Set(now),
-            },
-        )
-        .collect();
-    if rows.is_empty() {
-        return Ok(());
+        .map(|row| node_inventory_section::ActiveModel {
+            node_id: Set(row.node_id.to_string()),
+            section: Set(row.section),
+            hash: Set(row.hash),
+            content: Set(row.content),
+            reported_at: Set(now),
+        });
+    loop {
+        let chunk: Vec<_> = rows.by_ref().take(ROWS_PER_INSERT).collect();
+        if chunk.is_empty() {
+            return Ok(());
+        }
+        node_inventory_section::Entity::insert_many(chunk)
+            .on_conflict(
+                OnConflict::columns([
+                    node_inventory_section::Column::NodeId,
+                    node_inventory_section::Column::Section,
+                ])
+                .update_columns([
+                    node_inventory_section::Column::Hash,
+                    node_inventory_section::Column::Content,
+                    node_inventory_section::Column::ReportedAt,
+                ])
+                .to_owned(),
+            )
+            .exec_without_returning(conn)
+            .await?;
     }
-    node_inventory_section::Entity::insert_many(rows)
-        .on_conflict(
-            OnConflict::columns([
-                node_inventory_section::Column::NodeId,
-                node_inventory_section::Column::Section,
-            ])
-            .update_columns([
-                node_inventory_section::Column::Hash,
-                node_inventory_section::Column::Content,
-                node_inventory_section::Column::ReportedAt,
-            ])
-            .to_owned(),
-        )
-        .exec_without_returning(conn)
-        .await?;
-    Ok(())
+}
+
+/// Every stored inventory section of several nodes, by node and name, in one statement per
+/// thousand nodes; a node with none is left out.
+pub async fn sections_of(
+    conn: &impl ConnectionTrait,
+    ids: &[NodeId],
+) -> anyhow::Result<HashMap<NodeId, BTreeMap<String, serde_json::Value>>> {
+    let mut sections: HashMap<NodeId, BTreeMap<String, serde_json::Value>> = HashMap::new();
+    for chunk in ids.chunks(1_000) {
+        let rows = node_inventory_section::Entity::find()
+            .filter(
+                node_inventory_section::Column::NodeId.is_in(chunk.iter().map(ToString::to_string)),
+            )
+            .all(conn)
+            .await?;
+        for row in rows {
+            let node_id = parse_node_id(&row.node_id)?;
+            sections
+                .entry(node_id)
+                .or_default()
+                .insert(row.section, row.content);
+        }
+    }
+    Ok(sections)
+}
+
+fn parse_node_id(raw: &str) -> anyhow::Result<NodeId> {
+    NodeId::parse(raw)
+        .map_err(|_| anyhow::anyhow!("corrupt row: node_inventory_sections.node_id = `{raw}`"))
 }
 
 /// Every stored inventory section of a node, by name.
@@ -95,39 +135,53 @@ pub async fn sections(
         .collect())
 }
 
-/// Replaces a node's devices with `devices`.
+/// Replaces each node's devices with its list, and recounts the placer's index of free atoms
+/// (ARCHITECTURE.md, Invariants), for any number of nodes in a few statements: the free-count
+/// rows locked, one delete, one insert per [`ROWS_PER_INSERT`] devices, one recount.
 pub async fn replace_devices(
     conn: &impl ConnectionTrait,
-    node_id: &NodeId,
-    devices: &[Device],
+    devices: &[(NodeId, Vec<Device>)],
     now: DateTime<Utc>,
 ) -> anyhow::Result<()> {
-    super::placement::lock_free_counts(conn, std::slice::from_ref(node_id)).await?;
-    node_device::Entity::delete_many()
-        .filter(node_device::Column::NodeId.eq(node_id.to_string()))
-        .exec(conn)
-        .await?;
     if devices.is_empty() {
-        return super::placement::recount_free_atoms(conn, std::slice::from_ref(node_id)).await;
+        return Ok(());
     }
-    let rows = devices.iter().map(|d| node_device::ActiveModel {
-        node_id: Set(node_id.to_string()),
-        name: Set(d.name.clone()),
-        kind: Set(GPU_DEVICE_KIND.to_owned()),
-        uuid: Set(d.uuid.clone()),
-        pci_bus_id: Set(d.pci_bus_id.clone()),
-        model: Set(d.model.clone()),
-        memory_mib: Set(i64::try_from(d.memory_mib).unwrap_or(i64::MAX)),
-        serial: Set(d.serial.clone()),
-        atom: Set(d.atom.clone()),
-        healthy: Set(d.healthy),
-        updated_at: Set(now),
-    });
-    node_device::Entity::insert_many(rows)
-        .exec_without_returning(conn)
-        .await?;
-    // The placer's index counts these devices (ARCHITECTURE.md, Invariants).
-    super::placement::recount_free_atoms(conn, std::slice::from_ref(node_id)).await
+    let ids: Vec<NodeId> = devices.iter().map(|(id, _)| id.clone()).collect();
+    super::placement::lock_free_counts(conn, &ids).await?;
+    for chunk in ids.chunks(1_000) {
+        node_device::Entity::delete_many()
+            .filter(node_device::Column::NodeId.is_in(chunk.iter().map(ToString::to_string)))
+            .exec(conn)
+            .await?;
+    }
+    let rows: Vec<node_device::ActiveModel> = devices
+        .iter()
+        .flat_map(|(node_id, list)| list.iter().map(move |d| (node_id, d)))
+        .map(|(node_id, d)| node_device::ActiveModel {
+            node_id: Set(node_id.to_string()),
+            name: Set(d.name.clone()),
+            kind: Set(GPU_DEVICE_KIND.to_owned()),
+            uuid: Set(d.uuid.clone()),
+            pci_bus_id: Set(d.pci_bus_id.clone()),
+            model: Set(d.model.clone()),
+            memory_mib: Set(i64::try_from(d.memory_mib).unwrap_or(i64::MAX)),
+            serial: Set(d.serial.clone()),
+            atom: Set(d.atom.clone()),
+            healthy: Set(d.healthy),
+            updated_at: Set(now),
+        })
+        .collect();
+    let mut rows = rows.into_iter();
+    loop {
+        let chunk: Vec<_> = rows.by_ref().take(ROWS_PER_INSERT).collect();
+        if chunk.is_empty() {
+            break;
+        }
+        node_device::Entity::insert_many(chunk)
+            .exec_without_returning(conn)
+            .await?;
+    }
+    super::placement::recount_free_atoms(conn, &ids).await
 }
 
 /// A node's devices, in name order.

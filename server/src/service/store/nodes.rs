@@ -127,6 +127,62 @@ pub async fn generation_and_pool(
     .transpose()
 }
 
+/// Each node's pool (`None`: in no pool), live or deleted, in one statement per thousand
+/// nodes; ids that name no node are left out.
+pub async fn pool_of_each(
+    conn: &impl ConnectionTrait,
+    ids: &[NodeId],
+) -> anyhow::Result<HashMap<NodeId, Option<bc_core::ids::PoolId>>> {
+    let mut pools = HashMap::with_capacity(ids.len());
+    for chunk in ids.chunks(1_000) {
+        let rows = node::Entity::find()
+            .select_only()
+            .column(node::Column::Id)
+            .column(node::Column::PoolId)
+            .filter(node::Column::Id.is_in(chunk.iter().map(ToString::to_string)))
+            .into_tuple::<(String, Option<String>)>()
+            .all(conn)
+            .await?;
+        for (id, pool) in rows {
+            let id = NodeId::parse(&id).map_err(|_| anyhow!("corrupt row: nodes.id = `{id}`"))?;
+            let pool = pool
+                .map(|p| {
+                    bc_core::ids::PoolId::parse(&p)
+                        .map_err(|_| anyhow!("corrupt row: nodes.pool_id = `{p}`"))
+                })
+                .transpose()?;
+            pools.insert(id, pool);
+        }
+    }
+    Ok(pools)
+}
+
+/// The live nodes holding these hardware keys as trusted, by key, in one statement per
+/// thousand keys.
+pub async fn trusted_hardware_key_holders(
+    conn: &impl ConnectionTrait,
+    keys: &[String],
+) -> anyhow::Result<HashMap<String, NodeId>> {
+    let mut holders = HashMap::new();
+    for chunk in keys.chunks(1_000) {
+        let rows = node::Entity::find()
+            .select_only()
+            .column(node::Column::HardwareKey)
+            .column(node::Column::Id)
+            .filter(node::Column::HardwareKey.is_in(chunk.iter().cloned()))
+            .filter(node::Column::HardwareKeyTrusted.eq(true))
+            .filter(node::Column::DeletedAt.is_null())
+            .into_tuple::<(String, String)>()
+            .all(conn)
+            .await?;
+        for (key, id) in rows {
+            let id = NodeId::parse(&id).map_err(|_| anyhow!("corrupt row: nodes.id = `{id}`"))?;
+            holders.insert(key, id);
+        }
+    }
+    Ok(holders)
+}
+
 /// The pools these nodes are in (nodes in no pool add nothing), in one query per thousand
 /// nodes.
 pub async fn pools_of(
