@@ -24,9 +24,10 @@ pub const NOTIFY_CHANNEL: &str = "bc_events";
 const LISTEN_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 /// The advisory lock that orders event writers (an arbitrary constant, unique to us).
 pub const EVENT_ORDER_LOCK: i64 = 0x6263_6576_7473;
-/// Events per INSERT when a transaction writes its events (PostgreSQL takes at most 65,535
-/// parameters per statement, and an event has ten).
-const EVENTS_PER_INSERT: usize = 1_000;
+/// The most events one INSERT writes when a transaction writes its events (a power of two:
+/// `batch_shapes`; PostgreSQL takes at most 65,535 parameters per statement, and an event has
+/// ten).
+const EVENTS_PER_INSERT: usize = 1_024;
 
 /// Makes `seq` order equal commit order on PostgreSQL, so a reader that follows
 /// `seq > last` never skips an event that commits late: the transaction takes a lock held
@@ -57,8 +58,8 @@ pub(super) async fn write_pending(
         return Ok(());
     }
     order_events(conn).await?;
-    for chunk in rows.chunks(EVENTS_PER_INSERT) {
-        event::Entity::insert_many(chunk.iter().cloned())
+    for run in super::batch_shapes::runs(rows, EVENTS_PER_INSERT) {
+        event::Entity::insert_many(run)
             .exec_without_returning(conn)
             .await?;
     }

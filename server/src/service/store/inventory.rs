@@ -1,6 +1,7 @@
 //! Inventory: the sections a daemon reported (`node_inventory_sections`, by hash) and the
 //! devices the Inventory controller derived from them (`node_devices`).
 
+use super::batch_shapes::{padded, runs};
 use bc_core::health::{Device, GPU_DEVICE_KIND};
 use bc_core::ids::NodeId;
 use bc_entity::{node_device, node_inventory_section};
@@ -25,7 +26,8 @@ pub async fn hashes_of(
             .column(node_inventory_section::Column::Section)
             .column(node_inventory_section::Column::Hash)
             .filter(
-                node_inventory_section::Column::NodeId.is_in(chunk.iter().map(ToString::to_string)),
+                node_inventory_section::Column::NodeId
+                    .is_in(padded(chunk).iter().map(ToString::to_string)),
             )
             .into_tuple::<(String, String, String)>()
             .all(conn)
@@ -40,9 +42,10 @@ pub async fn hashes_of(
     Ok(hashes)
 }
 
-/// How many rows one statement of [`put_sections`] or [`replace_devices`] writes: a device row,
-/// the widest, binds 11 parameters, and SQLite binds at most 32,766 to a statement.
-const ROWS_PER_INSERT: usize = 1_000;
+/// The most rows one statement of [`put_sections`] or [`replace_devices`] writes (a power of
+/// two: [`runs`]): a device row, the widest, binds 11 parameters, and SQLite binds at most
+/// 32,766 to a statement.
+const ROWS_PER_INSERT: usize = 1_024;
 
 /// One inventory section as stored: the node, the section's name, its hash and content.
 pub struct SectionRow {
@@ -52,14 +55,14 @@ pub struct SectionRow {
     pub content: serde_json::Value,
 }
 
-/// Stores (or replaces) inventory sections of any number of nodes, in one statement per
-/// [`ROWS_PER_INSERT`] sections.
+/// Stores (or replaces) inventory sections of any number of nodes, in a statement per run of
+/// at most [`ROWS_PER_INSERT`] sections.
 pub async fn put_sections(
     conn: &impl ConnectionTrait,
     sections: Vec<SectionRow>,
     now: DateTime<Utc>,
 ) -> anyhow::Result<()> {
-    let mut rows = sections
+    let rows: Vec<_> = sections
         .into_iter()
         .map(|row| node_inventory_section::ActiveModel {
             node_id: Set(row.node_id.to_string()),
@@ -67,13 +70,10 @@ pub async fn put_sections(
             hash: Set(row.hash),
             content: Set(row.content),
             reported_at: Set(now),
-        });
-    loop {
-        let chunk: Vec<_> = rows.by_ref().take(ROWS_PER_INSERT).collect();
-        if chunk.is_empty() {
-            return Ok(());
-        }
-        node_inventory_section::Entity::insert_many(chunk)
+        })
+        .collect();
+    for run in runs(rows, ROWS_PER_INSERT) {
+        node_inventory_section::Entity::insert_many(run)
             .on_conflict(
                 OnConflict::columns([
                     node_inventory_section::Column::NodeId,
@@ -89,6 +89,7 @@ pub async fn put_sections(
             .exec_without_returning(conn)
             .await?;
     }
+    Ok(())
 }
 
 /// Every stored inventory section of several nodes, by node and name, in one statement per
@@ -101,7 +102,8 @@ pub async fn sections_of(
     for chunk in ids.chunks(1_000) {
         let rows = node_inventory_section::Entity::find()
             .filter(
-                node_inventory_section::Column::NodeId.is_in(chunk.iter().map(ToString::to_string)),
+                node_inventory_section::Column::NodeId
+                    .is_in(padded(chunk).iter().map(ToString::to_string)),
             )
             .all(conn)
             .await?;
@@ -137,7 +139,8 @@ pub async fn sections(
 
 /// Replaces each node's devices with its list, and recounts the placer's index of free atoms
 /// (ARCHITECTURE.md, Invariants), for any number of nodes in a few statements: the free-count
-/// rows locked, one delete, one insert per [`ROWS_PER_INSERT`] devices, one recount.
+/// rows locked, one delete, an insert per run of at most [`ROWS_PER_INSERT`] devices, one
+/// recount.
 pub async fn replace_devices(
     conn: &impl ConnectionTrait,
     devices: &[(NodeId, Vec<Device>)],
@@ -150,7 +153,9 @@ pub async fn replace_devices(
     super::placement::lock_free_counts(conn, &ids).await?;
     for chunk in ids.chunks(1_000) {
         node_device::Entity::delete_many()
-            .filter(node_device::Column::NodeId.is_in(chunk.iter().map(ToString::to_string)))
+            .filter(
+                node_device::Column::NodeId.is_in(padded(chunk).iter().map(ToString::to_string)),
+            )
             .exec(conn)
             .await?;
     }
@@ -171,13 +176,8 @@ pub async fn replace_devices(
             updated_at: Set(now),
         })
         .collect();
-    let mut rows = rows.into_iter();
-    loop {
-        let chunk: Vec<_> = rows.by_ref().take(ROWS_PER_INSERT).collect();
-        if chunk.is_empty() {
-            break;
-        }
-        node_device::Entity::insert_many(chunk)
+    for run in runs(rows, ROWS_PER_INSERT) {
+        node_device::Entity::insert_many(run)
             .exec_without_returning(conn)
             .await?;
     }

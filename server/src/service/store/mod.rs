@@ -5,6 +5,7 @@
 //! change to a node is written together with its events and its `noScheduleReasons`.
 
 pub mod bare_metal;
+mod batch_shapes;
 pub mod brakes;
 pub mod capacity;
 pub mod catalog;

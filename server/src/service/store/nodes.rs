@@ -17,6 +17,7 @@ use sea_orm::{
 };
 use std::collections::HashMap;
 
+use super::batch_shapes::{padded, runs};
 use super::node_filter::NodeFilter;
 use super::rows::{self, NodeChildren};
 
@@ -47,7 +48,7 @@ pub async fn load_many(
     let mut loaded = HashMap::with_capacity(sorted.len());
     for chunk in sorted.chunks(CHILD_LOAD_CHUNK) {
         let mut select = node::Entity::find()
-            .filter(node::Column::Id.is_in(chunk.iter().cloned()))
+            .filter(node::Column::Id.is_in(padded(chunk)))
             .order_by_asc(node::Column::Id);
         if for_update {
             select = super::lock_for_update(select, conn);
@@ -139,7 +140,7 @@ pub async fn pool_of_each(
             .select_only()
             .column(node::Column::Id)
             .column(node::Column::PoolId)
-            .filter(node::Column::Id.is_in(chunk.iter().map(ToString::to_string)))
+            .filter(node::Column::Id.is_in(padded(chunk).iter().map(ToString::to_string)))
             .into_tuple::<(String, Option<String>)>()
             .all(conn)
             .await?;
@@ -169,7 +170,7 @@ pub async fn trusted_hardware_key_holders(
             .select_only()
             .column(node::Column::HardwareKey)
             .column(node::Column::Id)
-            .filter(node::Column::HardwareKey.is_in(chunk.iter().cloned()))
+            .filter(node::Column::HardwareKey.is_in(padded(chunk)))
             .filter(node::Column::HardwareKeyTrusted.eq(true))
             .filter(node::Column::DeletedAt.is_null())
             .into_tuple::<(String, String)>()
@@ -223,7 +224,7 @@ pub async fn lock_many(conn: &impl ConnectionTrait, ids: &[NodeId]) -> anyhow::R
         let select = node::Entity::find()
             .select_only()
             .column(node::Column::Id)
-            .filter(node::Column::Id.is_in(chunk.iter().cloned()))
+            .filter(node::Column::Id.is_in(padded(chunk)))
             .order_by_asc(node::Column::Id);
         super::lock_for_update(select, conn)
             .into_tuple::<String>()
@@ -248,7 +249,7 @@ async fn load_children(
 ) -> anyhow::Result<HashMap<String, NodeChildren>> {
     let mut by_node: HashMap<String, NodeChildren> = HashMap::new();
     for chunk in ids.chunks(CHILD_LOAD_CHUNK) {
-        for row in conn.query_all(&children_of(chunk)).await? {
+        for row in conn.query_all(&children_of(&padded(chunk))).await? {
             let node_id: String = row.try_get("", child::NODE_ID)?;
             let kind: String = row.try_get("", child::KIND)?;
             let text = |slot: &str| -> anyhow::Result<String> {
@@ -440,12 +441,12 @@ pub async fn insert(conn: &impl ConnectionTrait, node: &NodeRecord) -> anyhow::R
     write_children(conn, &[(None, node)]).await
 }
 
-/// How many nodes one statement of [`save_many`] writes: a node row binds 34 parameters,
-/// and SQLite binds at most 32,766 to a statement.
-const NODE_WRITE_CHUNK: usize = 500;
-/// How many child rows one insert of [`write_children`] writes: a condition row, the widest,
+/// The most nodes one statement of [`save_many`] writes (a power of two: [`runs`]): a node row
+/// binds 34 parameters, and SQLite binds at most 32,766 to a statement.
+const NODE_WRITE_RUN: usize = 256;
+/// The most child rows one insert of [`write_children`] writes: a condition row, the widest,
 /// binds 10 parameters.
-const CHILD_WRITE_CHUNK: usize = 1_000;
+const CHILD_WRITE_RUN: usize = 1_024;
 
 /// Writes changed nodes over the rows they were loaded from, each `(as loaded, changed)`,
 /// with their child rows: one statement per [`NODE_WRITE_CHUNK`] nodes and two per child
@@ -462,7 +463,7 @@ pub async fn save_many(
 ) -> anyhow::Result<()> {
     use sea_orm::sea_query::{Alias, OnConflict};
     use sea_orm::{IdenStatic, Iterable};
-    for chunk in writes.chunks(NODE_WRITE_CHUNK) {
+    for chunk in runs(writes.to_vec(), NODE_WRITE_RUN) {
         let rows = chunk
             .iter()
             .map(|(_, after)| rows::node_row(after))
@@ -498,8 +499,8 @@ pub async fn save_many(
 }
 
 /// Rewrites each child table of the nodes whose contents there changed (`before` is `None`
-/// for a new node): one delete per [`CHILD_LOAD_CHUNK`] nodes and one insert per
-/// [`CHILD_WRITE_CHUNK`] rows, per table.
+/// for a new node): one delete per [`CHILD_LOAD_CHUNK`] nodes and an insert per run of at
+/// most [`CHILD_WRITE_RUN`] rows, per table.
 async fn write_children(
     conn: &impl ConnectionTrait,
     writes: &[(Option<&NodeRecord>, &NodeRecord)],
@@ -556,20 +557,17 @@ where
     A: sea_orm::ActiveModelTrait<Entity = E> + Send,
 {
     for chunk in nodes.chunks(CHILD_LOAD_CHUNK) {
+        let ids: Vec<String> = chunk.iter().map(|n| n.id.to_string()).collect();
         E::delete_many()
-            .filter(node_id.is_in(chunk.iter().map(|n| n.id.to_string())))
+            .filter(node_id.is_in(padded(&ids)))
             .exec(conn)
             .await?;
     }
     let rows: Vec<A> = nodes.iter().flat_map(|n| rows_of(n)).collect();
-    let mut rows = rows.into_iter();
-    loop {
-        let chunk: Vec<A> = rows.by_ref().take(CHILD_WRITE_CHUNK).collect();
-        if chunk.is_empty() {
-            return Ok(());
-        }
-        E::insert_many(chunk).exec_without_returning(conn).await?;
+    for run in runs(rows, CHILD_WRITE_RUN) {
+        E::insert_many(run).exec_without_returning(conn).await?;
     }
+    Ok(())
 }
 
 /// The live node holding a trusted hardware key, if any.

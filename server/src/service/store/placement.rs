@@ -506,7 +506,9 @@ pub async fn lock_free_counts(conn: &impl ConnectionTrait, nodes: &[NodeId]) -> 
     let lock = Query::select()
         .column(node_free_atom::Column::NodeId)
         .from(node_free_atom::Entity)
-        .and_where(Expr::col(node_free_atom::Column::NodeId).is_in(ids))
+        .and_where(
+            Expr::col(node_free_atom::Column::NodeId).is_in(super::batch_shapes::padded(&ids)),
+        )
         .order_by(node_free_atom::Column::NodeId, Order::Asc)
         .lock(LockType::Update)
         .to_owned();
@@ -529,7 +531,13 @@ pub async fn recount_free_atoms(
         .column((node::Entity, node::Column::PoolId))
         .expr(free_atoms_expr(None))
         .from(node::Entity)
-        .and_where(node_col(node::Column::Id).is_in(nodes.iter().map(ToString::to_string)))
+        .and_where(
+            node_col(node::Column::Id).is_in(
+                super::batch_shapes::padded(nodes)
+                    .iter()
+                    .map(ToString::to_string),
+            ),
+        )
         .to_owned();
     let upsert = Query::insert()
         .into_table(node_free_atom::Entity)

@@ -2,6 +2,7 @@
 //! the gateway that holds it and `lastSeen`. Heartbeats write here, never to the node row, so
 //! they never bump the node's `version`.
 
+use super::batch_shapes::{padded, runs};
 use bc_core::ids::NodeId;
 use bc_core::node::Session;
 use bc_entity::node_session;
@@ -14,9 +15,10 @@ use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 
-/// How many sessions one statement of [`open_many`] reads or writes: each binds six
-/// parameters, well inside both backends' limits (SQLite 32,766).
-const OPEN_CHUNK: usize = 1_000;
+/// The most sessions one statement of [`next_epochs`] reads or of [`open_many`] writes (a
+/// power of two: [`runs`]): each row binds six parameters, well inside both backends' limits
+/// (SQLite 32,766).
+const OPEN_CHUNK: usize = 1_024;
 
 /// The epoch each node's next session gets: one more than its latest (open or closed), or 1
 /// for a node that never had one. The caller holds the nodes' locks ([`super::nodes::lock_many`]),
@@ -31,7 +33,9 @@ pub async fn next_epochs(
             .select_only()
             .column(node_session::Column::NodeId)
             .column(node_session::Column::Epoch)
-            .filter(node_session::Column::NodeId.is_in(chunk.iter().map(ToString::to_string)))
+            .filter(
+                node_session::Column::NodeId.is_in(padded(chunk).iter().map(ToString::to_string)),
+            )
             .into_tuple::<(String, i64)>()
             .all(conn)
             .await?;
@@ -44,15 +48,15 @@ pub async fn next_epochs(
 }
 
 /// Opens sessions, each `(node, epoch)` from [`next_epochs`], held by `gateway_id` and
-/// connected now: one statement per [`OPEN_CHUNK`] nodes.
+/// connected now: a statement per run of at most [`OPEN_CHUNK`] nodes.
 pub async fn open_many(
     conn: &impl ConnectionTrait,
     opens: &[(NodeId, i64)],
     gateway_id: &str,
     now: DateTime<Utc>,
 ) -> anyhow::Result<()> {
-    for chunk in opens.chunks(OPEN_CHUNK) {
-        let rows = chunk
+    for run in runs(opens.to_vec(), OPEN_CHUNK) {
+        let rows = run
             .iter()
             .map(|(node_id, epoch)| node_session::ActiveModel {
                 node_id: Set(node_id.to_string()),
@@ -166,7 +170,7 @@ pub async fn record_heartbeats(
             .select_only()
             .column(node_session::Column::NodeId)
             .column(node_session::Column::Epoch)
-            .filter(node_session::Column::NodeId.is_in(ids.iter().cloned()))
+            .filter(node_session::Column::NodeId.is_in(padded(&ids)))
             .filter(node_session::Column::DisconnectedAt.is_null())
             .order_by_asc(node_session::Column::NodeId);
         let open: HashMap<String, i64> = super::lock_for_update(select, conn)
@@ -183,26 +187,25 @@ pub async fn record_heartbeats(
                 stale.push(((*node_id).clone(), *epoch));
             }
         }
-        if current.is_empty() {
-            continue;
-        }
         // UPDATE node_sessions SET last_seen = beat.column2 FROM (VALUES (id, at), …) AS beat
         // WHERE node_sessions.node_id = beat.column1 (both backends name a VALUES list's
-        // columns column1, column2, …).
-        let beat = || Alias::new("beat");
-        let update = Query::update()
-            .table(node_session::Entity)
-            .value(
-                node_session::Column::LastSeen,
-                Expr::col((beat(), Alias::new("column2"))),
-            )
-            .from(TableRef::ValuesList(current, beat().into_iden()))
-            .and_where(
-                Expr::col((node_session::Entity, node_session::Column::NodeId))
-                    .equals((beat(), Alias::new("column1"))),
-            )
-            .to_owned();
-        conn.execute(&update).await?;
+        // columns column1, column2, …), a run of beats at a time (batch_shapes).
+        for current in runs(current, HEARTBEAT_CHUNK.next_power_of_two()) {
+            let beat = || Alias::new("beat");
+            let update = Query::update()
+                .table(node_session::Entity)
+                .value(
+                    node_session::Column::LastSeen,
+                    Expr::col((beat(), Alias::new("column2"))),
+                )
+                .from(TableRef::ValuesList(current, beat().into_iden()))
+                .and_where(
+                    Expr::col((node_session::Entity, node_session::Column::NodeId))
+                        .equals((beat(), Alias::new("column1"))),
+                )
+                .to_owned();
+            conn.execute(&update).await?;
+        }
     }
     stale.sort();
     stale.dedup();
