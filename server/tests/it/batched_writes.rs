@@ -76,6 +76,32 @@ fn unchanged(
     )
 }
 
+/// `count` adopted nodes in a new site and pool, each shaped by `shape`, written to storage.
+async fn adopted_nodes(
+    s: &TestServer,
+    count: usize,
+    shape: impl Fn(&mut NodeRecord),
+) -> Vec<NodeRecord> {
+    let site = site_and_pool(s).await;
+    let nodes: Vec<NodeRecord> = (0..count)
+        .map(|_| {
+            let mut node = node_record(s, &site, ProvisionState::Adopted);
+            shape(&mut node);
+            node
+        })
+        .collect();
+    s.insert_nodes(&nodes).await;
+    nodes
+}
+
+/// An adopted node that was deleted, written to storage.
+async fn deleted_node(s: &TestServer) -> NodeRecord {
+    let deleted_at = now(s);
+    adopted_nodes(s, 1, |n| n.deleted_at = Some(deleted_at))
+        .await
+        .remove(0)
+}
+
 async fn record(s: &TestServer, id: &NodeId) -> NodeRecord {
     s.server
         .services
@@ -88,14 +114,8 @@ async fn record(s: &TestServer, id: &NodeId) -> NodeRecord {
 #[tokio::test]
 async fn a_batch_of_node_changes_answers_each_request_and_writes_the_rest_together() {
     each_backend(async |s| {
-        let site = site_and_pool(s).await;
-        let nodes: Vec<NodeRecord> = (0..5)
-            .map(|_| node_record(s, &site, ProvisionState::Adopted))
-            .collect();
-        let mut deleted = node_record(s, &site, ProvisionState::Adopted);
-        deleted.deleted_at = Some(now(s));
-        s.insert_nodes(&nodes).await;
-        s.insert_nodes(std::slice::from_ref(&deleted)).await;
+        let nodes = adopted_nodes(s, 5, |_| {}).await;
+        let deleted = deleted_node(s).await;
         let [a, b, c, d, e] = [0, 1, 2, 3, 4].map(|i| nodes[i].id.clone());
         let missing = NodeId::generate();
         let v = nodes[0].version;
@@ -204,14 +224,10 @@ fn hello(node: &NodeRecord, identity_generation: i64, sections: &[(&str, &str)])
 #[tokio::test]
 async fn hellos_opened_together_each_get_their_own_session_and_a_refused_one_opens_nothing() {
     each_backend(async |s| {
-        let site = site_and_pool(s).await;
-        let nodes: Vec<NodeRecord> = (0..3)
-            .map(|_| node_record(s, &site, ProvisionState::Adopted))
-            .collect();
-        let mut replaced = node_record(s, &site, ProvisionState::Adopted);
-        replaced.identity_generation = 2;
-        s.insert_nodes(&nodes).await;
-        s.insert_nodes(std::slice::from_ref(&replaced)).await;
+        let nodes = adopted_nodes(s, 3, |_| {}).await;
+        let replaced = adopted_nodes(s, 1, |n| n.identity_generation = 2)
+            .await
+            .remove(0);
         let [fresh, returning, other] = [0, 1, 2].map(|i| &nodes[i]);
         let db = s.database().await;
         // `returning` had four sessions before, the last one closed; it stored two sections.
@@ -324,15 +340,7 @@ async fn hellos_opened_together_each_get_their_own_session_and_a_refused_one_ope
 #[tokio::test]
 async fn convergence_reports_written_together_are_each_the_daemons_own() {
     each_backend(async |s| {
-        let site = site_and_pool(s).await;
-        let nodes: Vec<NodeRecord> = (0..2)
-            .map(|_| {
-                let mut node = node_record(s, &site, ProvisionState::Adopted);
-                node.generation = 2;
-                node
-            })
-            .collect();
-        s.insert_nodes(&nodes).await;
+        let nodes = adopted_nodes(s, 2, |n| n.generation = 2).await;
         let (x, y) = (&nodes[0], &nodes[1]);
 
         let answers = s
@@ -369,14 +377,8 @@ async fn convergence_reports_written_together_are_each_the_daemons_own() {
 #[tokio::test]
 async fn inventory_reports_stored_together_refuse_a_malformed_one_whole() {
     each_backend(async |s| {
-        let site = site_and_pool(s).await;
-        let nodes: Vec<NodeRecord> = (0..2)
-            .map(|_| node_record(s, &site, ProvisionState::Adopted))
-            .collect();
-        let mut deleted = node_record(s, &site, ProvisionState::Adopted);
-        deleted.deleted_at = Some(now(s));
-        s.insert_nodes(&nodes).await;
-        s.insert_nodes(std::slice::from_ref(&deleted)).await;
+        let nodes = adopted_nodes(s, 2, |_| {}).await;
+        let deleted = deleted_node(s).await;
         let (good, bad) = (&nodes[0], &nodes[1]);
         let report = |seed: u64| -> Vec<ReportedSection> {
             let sections = Machine::new(seed, None, None).inventory(&DaemonKnobs::default());
