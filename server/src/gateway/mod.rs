@@ -302,27 +302,24 @@ async fn serve_connection(
     serve_http("gateway", tls, service, timeouts.header, stop).await;
 }
 
-/// One batch of hellos ([`Services::open_sessions`]); a batch that failed as a whole (the
-/// database, mostly) fails each hello, and each daemon says hello again.
+/// One batch of hellos ([`Services::open_sessions`]).
 async fn open_sessions(
     services: Services,
     gateway_id: Arc<str>,
     batch: Vec<Hello>,
 ) -> Vec<ApiResult<OpenedSession>> {
-    let count = batch.len();
-    services
-        .open_sessions(&gateway_id, batch)
-        .await
-        .unwrap_or_else(|err| failed_batch("opening sessions", &err, count))
+    written("opening sessions", &batch, |hellos| {
+        services.open_sessions(&gateway_id, hellos)
+    })
+    .await
 }
 
 /// One batch of `converged` reports ([`Services::report_converged_many`]).
 async fn report_converged(services: Services, batch: Vec<(NodeId, i64)>) -> Vec<ApiResult<()>> {
-    let count = batch.len();
-    services
-        .report_converged_many(batch)
-        .await
-        .unwrap_or_else(|err| failed_batch("recording convergence", &err, count))
+    written("recording convergence", &batch, |reports| {
+        services.report_converged_many(reports)
+    })
+    .await
 }
 
 /// One batch of inventory reports ([`Services::store_inventory_reports`]).
@@ -330,17 +327,40 @@ async fn store_inventory(
     services: Services,
     batch: Vec<(NodeId, Vec<ReportedSection>)>,
 ) -> Vec<ApiResult<()>> {
-    let count = batch.len();
-    services
-        .store_inventory_reports(batch)
-        .await
-        .unwrap_or_else(|err| failed_batch("storing inventory", &err, count))
+    written("storing inventory", &batch, |reports| {
+        services.store_inventory_reports(reports)
+    })
+    .await
 }
 
-/// The answers of a batch that failed as a whole: logged once, an internal error for each.
-fn failed_batch<R>(what: &str, err: &ApiError, count: usize) -> Vec<ApiResult<R>> {
-    tracing::warn!(requests = count, error = ?err, "{what} failed for a whole batch");
-    (0..count)
-        .map(|_| Err(ApiError::Internal(anyhow::anyhow!("{what} failed"))))
-        .collect()
+/// Writes a batch with `write`. A batch that fails as a whole (the database refused one
+/// request's data, say a daemon's section PostgreSQL will not store) is written again a
+/// request at a time, so that one daemon's bad data fails its own request only; a request
+/// that fails alone is logged and answered with an internal error.
+async fn written<'a, T, R, F, Fut>(what: &str, batch: &'a [T], write: F) -> Vec<ApiResult<R>>
+where
+    F: Fn(&'a [T]) -> Fut,
+    Fut: std::future::Future<Output = ApiResult<Vec<ApiResult<R>>>>,
+{
+    let failed = |err: ApiError| {
+        tracing::warn!(error = ?err, "{what} failed");
+        Err(ApiError::Internal(anyhow::anyhow!("{what} failed")))
+    };
+    match write(batch).await {
+        Ok(answers) => answers,
+        Err(err) if batch.len() == 1 => vec![failed(err)],
+        Err(err) => {
+            tracing::warn!(requests = batch.len(), error = ?err, "{what} failed for a whole batch; writing its requests one at a time");
+            let mut answers = Vec::with_capacity(batch.len());
+            for one in batch.chunks(1) {
+                answers.push(match write(one).await {
+                    Ok(mut answer) => answer.pop().unwrap_or_else(|| {
+                        failed(ApiError::Internal(anyhow::anyhow!("no answer")))
+                    }),
+                    Err(err) => failed(err),
+                });
+            }
+            answers
+        }
+    }
 }

@@ -515,6 +515,13 @@ impl Live<'_> {
                 "inventory section `{section}` does not match its hash"
             ));
         }
+        // PostgreSQL's `jsonb` cannot hold a NUL character, and the report is stored in a
+        // batch with other daemons' reports: refused here, it fails this session alone.
+        if content.to_string().contains("\\u0000") {
+            return Next::violation(format!(
+                "inventory section `{section}` contains a NUL character"
+            ));
+        }
         if let Some(awaited) = &mut self.desk.awaited {
             awaited.remove(&section);
         }

@@ -7,8 +7,10 @@
 //! of its own.
 
 use bc_core::ids::NodeId;
+use futures::FutureExt;
 use std::collections::HashSet;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use tokio::sync::{mpsc, oneshot, watch};
 
 /// The most requests written in one transaction: enough that a burst of a thousand
@@ -37,7 +39,8 @@ impl<T: Send + 'static, R: Send + 'static> WriteBatches<T, R> {
     /// Starts the task. `write` writes one batch and answers every request of it, in the
     /// order given; a batch holds each node (`node_of`) once, so a node's second request
     /// waits for the next batch and is written after its first. Statements are counted under
-    /// `caller` (README: "Profiling"). The task ends after `shutdown`, answering nothing more.
+    /// `caller` (README: "Profiling"). After `shutdown` the task writes what is already
+    /// queued, then ends.
     pub fn start<W, Fut>(
         caller: &'static str,
         node_of: fn(&T) -> &NodeId,
@@ -57,7 +60,8 @@ impl<T: Send + 'static, R: Send + 'static> WriteBatches<T, R> {
     }
 
     /// Writes `request` with whatever else is waiting. `None`: the gateway is shutting down
-    /// and wrote nothing.
+    /// and wrote nothing, or the batch's write panicked (logged); either way the session
+    /// ends and the daemon comes back.
     pub async fn submit(&self, request: T) -> Option<R> {
         let (answer, answered) = oneshot::channel();
         self.tx.send((request, answer)).await.ok()?;
@@ -76,15 +80,25 @@ async fn run<T, R, W, Fut>(
     Fut: Future<Output = Vec<R>>,
 {
     let mut held_over: Option<Pending<T, R>> = None;
+    let mut stopping = false;
     loop {
         let first = match held_over.take() {
             Some(pending) => pending,
+            // Stopping: what sessions handed over before the gateway stopped is written (a
+            // session's last inventory report, say); then the task ends.
+            None if stopping => match rx.try_recv() {
+                Ok(pending) => pending,
+                Err(_) => return,
+            },
             None => tokio::select! {
                 received = rx.recv() => match received {
                     Some(pending) => pending,
                     None => return,
                 },
-                _ = shutdown.changed() => return,
+                _ = shutdown.changed() => {
+                    stopping = true;
+                    continue;
+                }
             },
         };
         let mut nodes = HashSet::from([node_of(&first.0).clone()]);
@@ -100,8 +114,21 @@ async fn run<T, R, W, Fut>(
         metrics::histogram!("bc_gateway_write_batch_size", "caller" => caller)
             .record(batch.len() as f64);
         let (requests, answers): (Vec<T>, Vec<_>) = batch.into_iter().unzip();
-        for (answer, result) in answers.into_iter().zip(write(requests).await) {
-            let _ = answer.send(result);
+        // A panic in one batch must not end the task, or every later request of its kind
+        // would go unanswered while the gateway looks healthy.
+        match AssertUnwindSafe(write(requests)).catch_unwind().await {
+            Ok(results) => {
+                for (answer, result) in answers.into_iter().zip(results) {
+                    let _ = answer.send(result);
+                }
+            }
+            Err(_) => {
+                tracing::error!(
+                    caller,
+                    requests = answers.len(),
+                    "a batch write panicked; its sessions end and their daemons come back"
+                );
+            }
         }
     }
 }

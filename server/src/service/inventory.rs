@@ -36,7 +36,7 @@ impl Services {
     /// given; a malformed one is refused whole and stores nothing.
     pub async fn store_inventory_reports(
         &self,
-        reports: Vec<(NodeId, Vec<ReportedSection>)>,
+        reports: &[(NodeId, Vec<ReportedSection>)],
     ) -> ApiResult<Vec<ApiResult<()>>> {
         if reports.iter().all(|(_, report)| report.is_empty()) {
             return Ok(reports.iter().map(|_| Ok(())).collect());
@@ -48,14 +48,14 @@ impl Services {
         let ids: Vec<NodeId> = reports.iter().map(|(id, _)| id.clone()).collect();
         nodes::lock_many(&*txn, &ids).await?;
         let runs = reports
-            .into_iter()
+            .iter()
             .map(|(node_id, report)| {
                 let names: Vec<&str> = report.iter().map(|r| r.section.as_str()).collect();
                 InventoryRun {
                     cause: format!("inventory:{}", names.join(",")),
                     gpus_reported: report.iter().any(|r| r.section == "gpus"),
-                    node_id,
-                    report,
+                    node_id: node_id.clone(),
+                    report: report.clone(),
                 }
             })
             .collect();
@@ -64,13 +64,16 @@ impl Services {
         Ok(outcomes.into_iter().map(|o| o.map(|_| ())).collect())
     }
 
-    /// Runs the Inventory controller again over every live node of a pool, a page of nodes
+    /// Runs the Inventory controller again over every live node of a pool, a hundred nodes
     /// per transaction, against the pool's hardware profile as it is now: what `updatePool`
     /// does when the expectations change, so that the mismatch conditions follow at once
     /// rather than at each node's next report. Returns how many nodes changed.
     pub(crate) async fn reevaluate_pool_inventory(&self, pool_id: &PoolId) -> ApiResult<usize> {
-        /// Nodes read, and re-evaluated in one transaction, per page while walking the pool.
+        /// Nodes read per page while walking the pool.
         const PAGE: u64 = 500;
+        /// Nodes re-evaluated in one transaction: each is a node write with its events, and
+        /// a hundred keep SQLite's writer for tens of milliseconds, not seconds.
+        const REEVALUATED_PER_TRANSACTION: usize = 100;
         let filter = NodeFilter {
             pool_ids: vec![pool_id.clone()],
             ..NodeFilter::default()
@@ -87,24 +90,29 @@ impl Services {
             };
             after = Some(last.id.to_string());
             let ids: Vec<NodeId> = page.iter().map(|node| node.id.clone()).collect();
-            let txn = self.store.write().await?;
-            nodes::lock_many(&*txn, &ids).await?;
-            let runs = ids
-                .into_iter()
-                .map(|node_id| InventoryRun {
-                    node_id,
-                    report: Vec::new(),
-                    cause: format!("pool:{pool_id}"),
-                    gpus_reported: false,
-                })
-                .collect();
-            let now = self.clock.now();
-            for outcome in self.inventory_controller_in(&txn, runs, now).await? {
-                if outcome? {
-                    changed += 1;
+            for ids in ids.chunks(REEVALUATED_PER_TRANSACTION) {
+                let txn = self.store.write().await?;
+                nodes::lock_many(&*txn, ids).await?;
+                let runs = ids
+                    .iter()
+                    .map(|node_id| InventoryRun {
+                        node_id: node_id.clone(),
+                        report: Vec::new(),
+                        cause: format!("pool:{pool_id}"),
+                        gpus_reported: false,
+                    })
+                    .collect();
+                let now = self.clock.now();
+                for outcome in self.inventory_controller_in(&txn, runs, now).await? {
+                    match outcome {
+                        Ok(true) => changed += 1,
+                        // Deleted since the page was read: nothing left to re-evaluate.
+                        Ok(false) | Err(ApiError::NotFound(_)) => {}
+                        Err(err) => return Err(err),
+                    }
                 }
+                txn.commit().await?;
             }
-            txn.commit().await?;
             if (page.len() as u64) < PAGE {
                 break;
             }
@@ -204,18 +212,22 @@ impl Services {
             .filter(|d| d.key.trusted)
             .filter_map(|d| d.key.key.clone())
             .collect();
-        let holders = nodes::trusted_hardware_key_holders(&**txn, &trusted_keys).await?;
+        // Two nodes of one batch may claim the same new key (two machines presenting the
+        // same identifiers): the first claims it, as if the reports had come one by one, and
+        // the second keeps it untrusted.
+        let mut holders = nodes::trusted_hardware_key_holders(&**txn, &trusted_keys).await?;
         let everyone = |_: &bc_core::node::NodeRecord| true;
         let requests: Vec<_> = decided
             .iter()
             .flatten()
             .map(|d| {
-                let held_elsewhere = d
-                    .key
-                    .key
-                    .as_ref()
-                    .and_then(|key| holders.get(key))
-                    .is_some_and(|holder| holder != &d.node_id);
+                let held_elsewhere = match (&d.key.key, d.key.trusted) {
+                    (Some(key), true) => {
+                        let holder = holders.entry(key.clone()).or_insert(d.node_id.clone());
+                        holder != &d.node_id
+                    }
+                    _ => false,
+                };
                 let trusted = d.key.trusted && !held_elsewhere;
                 let (facts, key) = (&d.facts, d.key.key.clone());
                 NodeChangeRequest {

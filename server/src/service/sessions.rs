@@ -24,6 +24,7 @@ pub struct OpenedSession {
 }
 
 /// A daemon's `hello`, as the gateway hands it to [`Services::open_sessions`].
+#[derive(Debug, Clone)]
 pub struct Hello {
     pub identity: NodeIdentity,
     pub inventory_hashes: BTreeMap<String, String>,
@@ -43,7 +44,7 @@ impl Services {
     pub async fn open_sessions(
         &self,
         gateway_id: &str,
-        hellos: Vec<Hello>,
+        hellos: &[Hello],
     ) -> ApiResult<Vec<ApiResult<OpenedSession>>> {
         let ids: Vec<NodeId> = hellos.iter().map(|h| h.identity.node_id.clone()).collect();
         if ids.iter().collect::<BTreeSet<_>>().len() != ids.len() {
@@ -174,13 +175,13 @@ impl Services {
     /// had) is answered with its error, and the rest are written.
     pub async fn report_converged_many(
         &self,
-        reports: Vec<(NodeId, i64)>,
+        reports: &[(NodeId, i64)],
     ) -> ApiResult<Vec<ApiResult<()>>> {
         let requests = reports
-            .into_iter()
-            .map(|(node_id, generation)| NodeChangeRequest {
+            .iter()
+            .map(|&(ref node_id, generation)| NodeChangeRequest {
                 actor: Actor::Node(node_id.to_string()),
-                id: node_id,
+                id: node_id.clone(),
                 expected_version: None,
                 cause: "daemon:converged".to_owned(),
                 change: move |n: &mut NodeRecord, _: &Actor, _| {

@@ -258,7 +258,7 @@ async fn hellos_opened_together_each_get_their_own_session_and_a_refused_one_ope
         let twice = s
             .server
             .services
-            .open_sessions("gw-test", vec![hello(fresh, 1, &[]), hello(fresh, 1, &[])])
+            .open_sessions("gw-test", &[hello(fresh, 1, &[]), hello(fresh, 1, &[])])
             .await;
         assert!(twice.is_err(), "a batch names each node once");
 
@@ -267,7 +267,7 @@ async fn hellos_opened_together_each_get_their_own_session_and_a_refused_one_ope
             .services
             .open_sessions(
                 "gw-test",
-                vec![
+                &[
                     hello(fresh, 1, &[("gpus", "gpus-1")]),
                     hello(&replaced, 1, &[]),
                     hello(returning, 1, &[("gpus", "gpus-1"), ("os", "os-2")]),
@@ -346,7 +346,7 @@ async fn convergence_reports_written_together_are_each_the_daemons_own() {
         let answers = s
             .server
             .services
-            .report_converged_many(vec![(x.id.clone(), 2), (y.id.clone(), 5)])
+            .report_converged_many(&[(x.id.clone(), 2), (y.id.clone(), 5)])
             .await
             .unwrap_or_else(|err| panic!("the batch as a whole: {}", err.message()));
 
@@ -377,9 +377,11 @@ async fn convergence_reports_written_together_are_each_the_daemons_own() {
 #[tokio::test]
 async fn inventory_reports_stored_together_refuse_a_malformed_one_whole() {
     each_backend(async |s| {
-        let nodes = adopted_nodes(s, 2, |_| {}).await;
+        let nodes = adopted_nodes(s, 3, |_| {}).await;
         let deleted = deleted_node(s).await;
-        let (good, bad) = (&nodes[0], &nodes[1]);
+        // `twin` reports the same machine as `good` (the same identifiers, so the same
+        // hardware key) in the same batch.
+        let (good, bad, twin) = (&nodes[0], &nodes[1], &nodes[2]);
         let report = |seed: u64| -> Vec<ReportedSection> {
             let sections = Machine::new(seed, None, None).inventory(&DaemonKnobs::default());
             let hashes = bc_testing::inventory::hashes(&sections);
@@ -402,10 +404,11 @@ async fn inventory_reports_stored_together_refuse_a_malformed_one_whole() {
         let answers = s
             .server
             .services
-            .store_inventory_reports(vec![
+            .store_inventory_reports(&[
                 (good.id.clone(), report(1)),
                 (bad.id.clone(), malformed),
                 (deleted.id.clone(), report(3)),
+                (twin.id.clone(), report(1)),
             ])
             .await
             .unwrap_or_else(|err| panic!("the batch as a whole: {}", err.message()));
@@ -414,7 +417,10 @@ async fn inventory_reports_stored_together_refuse_a_malformed_one_whole() {
             .iter()
             .map(|answer| answer.as_ref().map(|_| ()).map_err(|err| err.code()))
             .collect();
-        assert_eq!(codes, vec![Ok(()), Err("BAD_USER_INPUT"), Err("NOT_FOUND")]);
+        assert_eq!(
+            codes,
+            vec![Ok(()), Err("BAD_USER_INPUT"), Err("NOT_FOUND"), Ok(())]
+        );
         let db = s.database().await;
         let sections = node_inventory_section::Entity::find()
             .all(&db)
@@ -430,25 +436,39 @@ async fn inventory_reports_stored_together_refuse_a_malformed_one_whole() {
             (
                 stored_for(&good.id),
                 stored_for(&bad.id),
-                stored_for(&deleted.id)
+                stored_for(&deleted.id),
+                stored_for(&twin.id)
             ),
-            (7, 0, 0),
-            "only the accepted report's sections are stored"
+            (7, 0, 0, 7),
+            "only the accepted reports' sections are stored"
         );
         let devices = node_device::Entity::find()
             .all(&db)
             .await
             .expect("reading devices");
-        assert!(
-            !devices.is_empty() && devices.iter().all(|d| d.node_id == good.id.to_string()),
-            "devices for the accepted report only"
+        let devices_of = |id: &NodeId| {
+            devices
+                .iter()
+                .filter(|d| d.node_id == id.to_string())
+                .count()
+        };
+        assert_eq!(
+            devices.len(),
+            devices_of(&good.id) + devices_of(&twin.id),
+            "devices for the accepted reports only"
         );
         let stored = record(s, &good.id).await;
-        assert_eq!(stored.gpu_count as usize, devices.len());
+        assert_eq!(stored.gpu_count as usize, devices_of(&good.id));
+        assert!(devices_of(&good.id) > 0);
         assert!(
-            stored.hardware_key.is_some(),
-            "the key from system and network"
+            stored.hardware_key.is_some() && stored.hardware_key_trusted,
+            "the key from system and network, trusted"
         );
+        // Of two nodes claiming one machine in a batch, the first holds the key trusted; the
+        // second keeps it untrusted, as if the reports had come one after the other.
+        let stored_twin = record(s, &twin.id).await;
+        assert_eq!(stored_twin.hardware_key, stored.hardware_key);
+        assert!(!stored_twin.hardware_key_trusted);
         assert_eq!(unchanged(&record(s, &bad.id).await), unchanged(bad));
         assert!(event_summary(&node(s, &bad.id.to_string()).await).is_empty());
     })

@@ -317,6 +317,16 @@ async fn garbage_closes_only_that_session_and_loses_nothing() {
         ));
 
         let hello_text = serde_json::to_string(&hello(0)).unwrap();
+        // PostgreSQL's jsonb cannot hold it, and reports are stored in batches with other
+        // daemons': refused at the gateway, it ends this session only.
+        let with_nul = json!({ "count": 8, "model": "epyc\u{0}" });
+        let with_nul = json!({
+            "type": "inventory",
+            "section": "cpu",
+            "hash": section_hash(&with_nul),
+            "content": with_nul,
+        })
+        .to_string();
         let oversized = format!(
             r#"{{"type":"heartbeat","seq":1,"pad":"{}"}}"#,
             "x".repeat(1024 * 1024 + 10)
@@ -402,6 +412,13 @@ async fn garbage_closes_only_that_session_and_loses_nothing() {
                 )],
                 CloseCode::Policy,
                 "hash",
+            ),
+            (
+                "NUL in a section",
+                false,
+                vec![Garbage::Text(with_nul)],
+                CloseCode::Policy,
+                "NUL character",
             ),
             (
                 "oversized",

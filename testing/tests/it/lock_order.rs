@@ -75,7 +75,7 @@ async fn open_session(
         inventory_hashes: BTreeMap::new(),
         observed_generation: 0,
     };
-    let mut answers = services.open_sessions(gateway_id, vec![hello]).await?;
+    let mut answers = services.open_sessions(gateway_id, &[hello]).await?;
     answers.pop().expect("an answer for the one hello")
 }
 

@@ -449,7 +449,7 @@ const NODE_WRITE_RUN: usize = 256;
 const CHILD_WRITE_RUN: usize = 1_024;
 
 /// Writes changed nodes over the rows they were loaded from, each `(as loaded, changed)`,
-/// with their child rows: one statement per [`NODE_WRITE_CHUNK`] nodes and two per child
+/// with their child rows: a statement per run of at most [`NODE_WRITE_RUN`] nodes and two per child
 /// table whose contents changed, however many nodes a batch holds (on SQLite every
 /// statement is a round trip to the database's thread while every other writer waits).
 ///
