@@ -94,6 +94,15 @@ async fn adopted_nodes(
     nodes
 }
 
+/// How many rows each node has, from the rows' node ids.
+fn rows_per_node(node_ids: impl Iterator<Item = String>) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for node_id in node_ids {
+        *counts.entry(node_id).or_insert(0) += 1;
+    }
+    counts
+}
+
 /// An adopted node that was deleted, written to storage.
 async fn deleted_node(s: &TestServer) -> NodeRecord {
     let deleted_at = now(s);
@@ -422,16 +431,15 @@ async fn inventory_reports_stored_together_refuse_a_malformed_one_whole() {
             vec![Ok(()), Err("BAD_USER_INPUT"), Err("NOT_FOUND"), Ok(())]
         );
         let db = s.database().await;
-        let sections = node_inventory_section::Entity::find()
-            .all(&db)
-            .await
-            .expect("reading sections");
-        let stored_for = |id: &NodeId| {
-            sections
-                .iter()
-                .filter(|r| r.node_id == id.to_string())
-                .count()
-        };
+        let sections = rows_per_node(
+            node_inventory_section::Entity::find()
+                .all(&db)
+                .await
+                .expect("reading sections")
+                .into_iter()
+                .map(|row| row.node_id),
+        );
+        let stored_for = |id: &NodeId| sections.get(&id.to_string()).copied().unwrap_or(0);
         assert_eq!(
             (
                 stored_for(&good.id),
@@ -442,18 +450,17 @@ async fn inventory_reports_stored_together_refuse_a_malformed_one_whole() {
             (7, 0, 0, 7),
             "only the accepted reports' sections are stored"
         );
-        let devices = node_device::Entity::find()
-            .all(&db)
-            .await
-            .expect("reading devices");
-        let devices_of = |id: &NodeId| {
-            devices
-                .iter()
-                .filter(|d| d.node_id == id.to_string())
-                .count()
-        };
+        let devices = rows_per_node(
+            node_device::Entity::find()
+                .all(&db)
+                .await
+                .expect("reading devices")
+                .into_iter()
+                .map(|row| row.node_id),
+        );
+        let devices_of = |id: &NodeId| devices.get(&id.to_string()).copied().unwrap_or(0);
         assert_eq!(
-            devices.len(),
+            devices.values().sum::<usize>(),
             devices_of(&good.id) + devices_of(&twin.id),
             "devices for the accepted reports only"
         );

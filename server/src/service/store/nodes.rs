@@ -184,30 +184,16 @@ pub async fn trusted_hardware_key_holders(
     Ok(holders)
 }
 
-/// The pools these nodes are in (nodes in no pool add nothing), in one query per thousand
-/// nodes.
+/// The pools these nodes are in (nodes in no pool add nothing): [`pool_of_each`]'s pools.
 pub async fn pools_of(
     conn: &impl ConnectionTrait,
     ids: &[NodeId],
 ) -> anyhow::Result<std::collections::BTreeSet<bc_core::ids::PoolId>> {
-    let mut pools = std::collections::BTreeSet::new();
-    for chunk in ids.chunks(1_000) {
-        let rows = node::Entity::find()
-            .select_only()
-            .column(node::Column::PoolId)
-            .distinct()
-            .filter(node::Column::Id.is_in(chunk.iter().map(ToString::to_string)))
-            .filter(node::Column::PoolId.is_not_null())
-            .into_tuple::<Option<String>>()
-            .all(conn)
-            .await?;
-        for pool in rows.into_iter().flatten() {
-            pools.insert(
-                bc_core::ids::PoolId::parse(&pool).map_err(|e| anyhow!("pool id `{pool}`: {e}"))?,
-            );
-        }
-    }
-    Ok(pools)
+    Ok(pool_of_each(conn, ids)
+        .await?
+        .into_values()
+        .flatten()
+        .collect())
 }
 
 /// Locks several node rows until the transaction ends, in id order (the lock order of
