@@ -246,6 +246,13 @@ impl Live<'_> {
         let mut stop = daemon.shared.stop.subscribe();
         let mut faults = daemon.watch_faults();
         faults.mark_unchanged();
+        // Faults that changed while this session was starting (after its hello took the
+        // inventory) were just marked seen: they are reported now, or never would be.
+        match self.on_faults_changed().await {
+            Ok(Next::Continue) => {}
+            Ok(Next::End(end)) => return end,
+            Err(err) => return SessionEnd::Failed(err),
+        }
         loop {
             let faults_due = daemon.faults_due();
             let handled = tokio::select! {
