@@ -25,8 +25,10 @@ use crate::listener::{
     Admitted, ConnectionGate, IdleTimeout, StopSignal, accept_loop, count_timeout, serve_http,
 };
 use crate::service::Services;
+use crate::service::commands::{CommandReport, Dispatch, DispatchLook};
 use crate::service::inventory::ReportedSection;
 use crate::service::sessions::{Hello, OpenedSession};
+use bc_core::command::Command;
 use bc_core::ids::NodeId;
 pub use heartbeats::HeartbeatWriter;
 pub use write_batches::WriteBatches;
@@ -48,6 +50,10 @@ pub(crate) struct GatewayState {
     pub convergences: WriteBatches<(NodeId, i64), ApiResult<()>>,
     /// Inventory reports, stored in batches.
     pub inventories: WriteBatches<(NodeId, Vec<ReportedSection>), ApiResult<()>>,
+    /// Sessions' looks at their nodes' commands and spec, taken in batches.
+    pub dispatches: WriteBatches<DispatchLook, ApiResult<Dispatch>>,
+    /// Daemons' `command.started` and `command.result`, written in batches.
+    pub command_reports: WriteBatches<CommandReport, ApiResult<Command>>,
     pub shutdown: watch::Receiver<bool>,
     pub session_tasks: SessionTasks,
 }
@@ -84,8 +90,8 @@ pub struct Gateway {
     pub gateway_id: String,
     shutdown: watch::Sender<bool>,
     task: JoinHandle<()>,
-    /// The heartbeat writer, the hello, convergence and inventory batches and the command
-    /// router, which stop with `shutdown`.
+    /// The heartbeat writer, the hello, convergence, inventory, dispatch and command report
+    /// batches and the command router, which stop with `shutdown`.
     background: Vec<JoinHandle<()>>,
     session_tasks: SessionTasks,
     services: Services,
@@ -140,12 +146,32 @@ impl Gateway {
                 shutdown_rx.clone(),
             )
         };
+        let (dispatches, dispatches_task) = {
+            let services = services.clone();
+            WriteBatches::start(
+                "gateway.dispatch",
+                |look: &DispatchLook| &look.node_id,
+                move |batch| dispatch(services.clone(), batch),
+                shutdown_rx.clone(),
+            )
+        };
+        let (command_reports, command_reports_task) = {
+            let services = services.clone();
+            WriteBatches::start(
+                "gateway.command_report",
+                |report: &CommandReport| &report.node_id,
+                move |batch| report_commands(services.clone(), batch),
+                shutdown_rx.clone(),
+            )
+        };
         let session_tasks = SessionTasks::default();
         let state = GatewayState {
             heartbeats,
             hellos,
             convergences,
             inventories,
+            dispatches,
+            command_reports,
             services: services.clone(),
             gateway_id: gateway_id.clone(),
             heartbeat_interval,
@@ -186,6 +212,8 @@ impl Gateway {
                 hellos_task,
                 convergences_task,
                 inventories_task,
+                dispatches_task,
+                command_reports_task,
                 router,
             ],
             session_tasks,
@@ -329,6 +357,29 @@ async fn store_inventory(
 ) -> Vec<ApiResult<()>> {
     written("storing inventory", &batch, |reports| {
         services.store_inventory_reports(reports)
+    })
+    .await
+}
+
+/// One batch of sessions' looks at their nodes ([`Services::dispatch_many`]). A look changes
+/// nothing but the commands it dispatches, so the whole batch has one answer: a failed
+/// batch is taken again a look at a time like any other write.
+async fn dispatch(services: Services, batch: Vec<DispatchLook>) -> Vec<ApiResult<Dispatch>> {
+    written("dispatching commands", &batch, |looks| async {
+        Ok(services
+            .dispatch_many(looks)
+            .await?
+            .into_iter()
+            .map(Ok)
+            .collect())
+    })
+    .await
+}
+
+/// One batch of daemons' command reports ([`Services::report_commands`]).
+async fn report_commands(services: Services, batch: Vec<CommandReport>) -> Vec<ApiResult<Command>> {
+    written("recording command reports", &batch, |reports| {
+        services.report_commands(reports)
     })
     .await
 }

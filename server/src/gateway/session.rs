@@ -19,6 +19,7 @@ use tokio::sync::mpsc;
 
 use crate::error::ApiError;
 use crate::service::attributed;
+use crate::service::commands::{CommandProgress, CommandReport, DispatchLook};
 use crate::service::inventory::ReportedSection;
 use crate::service::session_registry::SessionSignal;
 use crate::service::sessions::{Hello, OpenedSession};
@@ -376,9 +377,7 @@ impl Live<'_> {
         match message {
             DaemonMessage::Hello { .. } => Next::violation("hello was already sent"),
             DaemonMessage::Heartbeat { seq } => self.on_heartbeat(seq).await,
-            DaemonMessage::CommandStarted { id } => {
-                attributed("gateway.command_started", self.on_command_started(&id)).await
-            }
+            DaemonMessage::CommandStarted { id } => self.on_command_started(&id).await,
             DaemonMessage::CommandResult {
                 id,
                 outcome,
@@ -386,8 +385,8 @@ impl Live<'_> {
                 output,
                 result,
             } => {
-                let handled = self.on_command_result(&id, outcome, exit_code, &output, result);
-                attributed("gateway.command_result", handled).await
+                self.on_command_result(&id, outcome, exit_code, output, result)
+                    .await
             }
             DaemonMessage::Converged { generation } => {
                 attributed("gateway.converged", self.on_converged(generation)).await
@@ -409,9 +408,7 @@ impl Live<'_> {
     /// A signal from the session registry (see `service::sessions`).
     async fn on_signal(&mut self, signal: Option<SessionSignal>) -> Next {
         match signal {
-            Some(SessionSignal::CommandsChanged) => {
-                attributed("gateway.dispatch", self.dispatch()).await.into()
-            }
+            Some(SessionSignal::CommandsChanged) => self.dispatch().await.into(),
             Some(SessionSignal::Close(reason)) => Next::Close(Ending {
                 code: close_code::NORMAL,
                 reason: reason.to_owned(),
@@ -450,11 +447,7 @@ impl Live<'_> {
         if !self.desk.in_flight.contains(&id) {
             return Next::violation(format!("command `{id}` was not sent in this session"));
         }
-        if let Err(err) = self.state.services.command_started(self.node_id, &id).await {
-            // A cancel or timeout that won the race; the daemon hears `cancel`.
-            tracing::debug!(node_id = %self.node_id, %id, code = err.code(), reason = %err.message(), "late command start");
-        }
-        Next::Continue
+        self.report_command(id, CommandProgress::Started).await
     }
 
     async fn on_command_result(
@@ -462,7 +455,7 @@ impl Live<'_> {
         id: &str,
         outcome: Outcome,
         exit_code: Option<i32>,
-        output: &str,
+        output: String,
         result: Option<serde_json::Value>,
     ) -> Next {
         let Ok(id) = CommandId::parse(id) else {
@@ -471,16 +464,41 @@ impl Live<'_> {
         if !self.desk.in_flight.remove(&id) && !self.desk.stopped.remove(&id) {
             return Next::violation(format!("command `{id}` was not sent in this session"));
         }
-        if let Err(err) = self
-            .state
-            .services
-            .command_finished(self.node_id, &id, outcome, exit_code, output, result)
-            .await
+        let progress = CommandProgress::Finished {
+            outcome,
+            exit_code,
+            output,
+            result,
+        };
+        if let next @ (Next::Close(_) | Next::DaemonLeft) = self.report_command(id, progress).await
         {
-            tracing::debug!(node_id = %self.node_id, %id, code = err.code(), reason = %err.message(), "late command result ignored");
+            return next;
         }
         // The lane is free: send what waits behind it.
         self.dispatch().await.into()
+    }
+
+    /// Records a report of one of this session's commands, with other sessions' reports
+    /// ([`super::WriteBatches`]). A refused report (a cancel or timeout that won the race; the
+    /// daemon hears `cancel`) is only logged.
+    async fn report_command(&mut self, id: CommandId, progress: CommandProgress) -> Next {
+        let report = CommandReport {
+            node_id: self.node_id.clone(),
+            id: id.clone(),
+            progress,
+        };
+        match self.state.command_reports.submit(report).await {
+            None => Next::Close(Ending::shutdown()),
+            Some(Ok(_)) => Next::Continue,
+            Some(Err(err @ ApiError::Internal(_))) => {
+                tracing::warn!(node_id = %self.node_id, %id, code = err.code(), reason = %err.message(), "recording a command report failed");
+                Next::Close(Ending::internal())
+            }
+            Some(Err(err)) => {
+                tracing::debug!(node_id = %self.node_id, %id, code = err.code(), reason = %err.message(), "late command report ignored");
+                Next::Continue
+            }
+        }
     }
 
     async fn on_converged(&mut self, generation: i64) -> Next {
@@ -574,47 +592,30 @@ impl Live<'_> {
     }
 
     /// Tells the daemon to stop commands that ended here (cancelled, timed out), sends a
-    /// newer spec, and sends the commands whose lane is free.
+    /// newer spec, and sends the commands whose lane is free: what one look at the node,
+    /// batched with other sessions' ([`super::WriteBatches`]), says to send.
     async fn dispatch(&mut self) -> Result<(), Ending> {
-        self.stop_ended().await?;
-        self.send_spec().await?;
-        self.send_commands().await
-    }
-
-    /// `cancel` for every in-flight command that reached a final state here (cancelled, timed
-    /// out) or is gone; its late result is then expected, not a violation.
-    async fn stop_ended(&mut self) -> Result<(), Ending> {
-        let mut ended = Vec::new();
-        for id in self.desk.in_flight.iter() {
-            let command = self
-                .state
-                .services
-                .command_for_gateway(id)
-                .await
-                .map_err(|err| self.internal(err))?;
-            if command.is_none_or(|c| c.status.is_final()) {
-                ended.push(id.clone());
-            }
-        }
-        for id in ended {
+        let look = DispatchLook {
+            node_id: self.node_id.clone(),
+            epoch: self.epoch,
+            in_flight: self.desk.in_flight.iter().cloned().collect(),
+            spec_sent: self.desk.spec_sent,
+        };
+        let dispatch = match self.state.dispatches.submit(look).await {
+            None => return Err(Ending::shutdown()),
+            Some(Ok(dispatch)) => dispatch,
+            Some(Err(err)) => return Err(self.internal(err)),
+        };
+        // `cancel` for every in-flight command that reached a final state here (cancelled,
+        // timed out) or is gone; its late result is then expected, not a violation.
+        for id in dispatch.stop {
             self.desk.in_flight.remove(&id);
             send(self.sink, &GatewayMessage::Cancel { id: id.to_string() })
                 .await
                 .map_err(|()| Ending::gone())?;
             self.desk.stopped.insert(id);
         }
-        Ok(())
-    }
-
-    /// `spec` when the node's generation moved past the one the daemon was last sent.
-    async fn send_spec(&mut self) -> Result<(), Ending> {
-        let generation = self
-            .state
-            .services
-            .spec_generation(self.node_id)
-            .await
-            .map_err(|err| self.internal(err))?;
-        if generation > self.desk.spec_sent {
+        if let Some(generation) = dispatch.spec {
             send(
                 self.sink,
                 &GatewayMessage::Spec {
@@ -625,18 +626,7 @@ impl Live<'_> {
             .map_err(|()| Ending::gone())?;
             self.desk.spec_sent = generation;
         }
-        Ok(())
-    }
-
-    /// The commands the queue hands this session (one per free lane).
-    async fn send_commands(&mut self) -> Result<(), Ending> {
-        for command in self
-            .state
-            .services
-            .dispatch_commands(self.node_id, self.epoch)
-            .await
-            .map_err(|err| self.internal(err))?
-        {
+        for command in dispatch.send {
             let message = GatewayMessage::Command {
                 id: command.id.to_string(),
                 kind: command.kind,

@@ -1,7 +1,10 @@
 //! The gateway's per-node writes that a fleet coming up sends by the hundred a second (every
-//! daemon's `hello`, every `converged`) are written in batches: whatever arrived while the
-//! last batch was being written goes into the next, in one transaction whose statements do
-//! not grow with it (`Services::open_sessions`, `Services::report_converged_many`). On
+//! daemon's `hello`, `converged`, inventory report, command start and result, and every
+//! session's look at its commands) are written in batches: whatever arrived while the last
+//! batch was being written goes into the next, in one transaction whose statements do not
+//! grow with it (`Services::open_sessions`, `Services::report_converged_many`,
+//! `Services::store_inventory_reports`, `Services::report_commands`,
+//! `Services::dispatch_many`). On
 //! SQLite every statement is a round trip to the one writer that everything else waits on.
 //! A request that finds the writer idle is written at once, alone, so batching adds no wait
 //! of its own.

@@ -4,11 +4,13 @@
 use bc_core::Actor;
 use bc_core::command::{Command, CommandStatus, NewCommand, Outcome, check_safety};
 use bc_core::ids::{CommandId, NodeId};
+use bc_core::node::NodeRecord;
 use chrono::{DateTime, Utc};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use super::NodeFilter;
 use super::Services;
+use super::node_changes::NodeChangeRequest;
 use super::store::commands::{self, CommandFilter};
 use super::store::{WriteTxn, events, nodes};
 use crate::auth::{Principal, Role};
@@ -206,11 +208,6 @@ impl Services {
             .ok_or_else(|| not_found(id))
     }
 
-    /// One command, whoever owns it (the gateway checks its own session's commands).
-    pub async fn command_for_gateway(&self, id: &CommandId) -> ApiResult<Option<Command>> {
-        Ok(commands::load(self.store.db(), id, false).await?)
-    }
-
     /// Commands, newest first.
     pub async fn commands(
         &self,
@@ -356,101 +353,219 @@ impl Services {
         Ok(command)
     }
 
-    /// For the session of `epoch`: in each lane with nothing dispatched or running, the
-    /// oldest queued command that may run now is dispatched. Returns what to send.
-    pub async fn dispatch_commands(&self, node_id: &NodeId, epoch: i64) -> ApiResult<Vec<Command>> {
+    /// What sessions send next, many sessions at once, each answered in the order asked
+    /// ([`Dispatch`]): `cancel` for each command in flight that ended here (cancelled, timed
+    /// out) or is gone, `spec` when the node's generation moved past the one sent, and, in
+    /// each lane with nothing dispatched or running, the oldest queued command that may run
+    /// now, dispatched to the session's epoch. Commands still marked dispatched to an older
+    /// session lost it without the gateway noticing (a crashed replica): they are
+    /// redelivered (or failed) now, as if that session had ended cleanly.
+    ///
+    /// Two reads for the whole batch find out what to do without the writer, which on SQLite
+    /// every session, controller and operator queues on; most looks (a result with nothing
+    /// queued behind it) end there. The sessions that have something to dispatch share one
+    /// transaction. A node asked for twice is decided the second time on what the first
+    /// dispatched.
+    pub async fn dispatch_many(&self, looks: &[DispatchLook]) -> ApiResult<Vec<Dispatch>> {
         let gateway = Actor::Controller("gateway".into());
-        // Most calls have nothing to do (a poke about another node's lane, a result with
-        // nothing queued behind it): they find that out without the writer, which on SQLite
-        // every session, controller and operator queues on.
-        {
-            let open = commands::of_node(self.store.db(), node_id, OPEN_STATUSES).await?;
-            if !anything_to_dispatch(&open, epoch, self.clock.now()) {
-                return Ok(Vec::new());
-            }
+        let node_ids: Vec<NodeId> = looks.iter().map(|l| l.node_id.clone()).collect();
+        let generations = nodes::generation_and_pool_of_each(self.store.db(), &node_ids).await?;
+        let open = commands::of_nodes(self.store.db(), &node_ids, OPEN_STATUSES, false).await?;
+        let now = self.clock.now();
+        let mut answers: Vec<Dispatch> = looks
+            .iter()
+            .map(|look| {
+                let open = open.get(&look.node_id).map_or(&[][..], Vec::as_slice);
+                let generation = generations.get(&look.node_id).map_or(0, |(g, _)| *g);
+                Dispatch {
+                    stop: look
+                        .in_flight
+                        .iter()
+                        .filter(|id| !open.iter().any(|c| &c.id == *id))
+                        .cloned()
+                        .collect(),
+                    spec: (generation > look.spec_sent).then_some(generation),
+                    send: Vec::new(),
+                }
+            })
+            .collect();
+        let to_dispatch: Vec<NodeId> = looks
+            .iter()
+            .filter(|look| {
+                let open = open.get(&look.node_id).map_or(&[][..], Vec::as_slice);
+                anything_to_dispatch(open, look.epoch, now)
+            })
+            .map(|look| look.node_id.clone())
+            .collect();
+        if to_dispatch.is_empty() {
+            return Ok(answers);
         }
         let txn = self.store.write().await?;
         // Every command this may change is locked here, in id order, before any is written;
         // the events follow at commit (ARCHITECTURE.md, Invariants: lock order).
-        let mut open = commands::of_node(&*txn, node_id, OPEN_STATUSES).await?;
+        let mut open = commands::of_nodes(&*txn, &to_dispatch, OPEN_STATUSES, true).await?;
         let now = self.clock.now();
-        // Commands still marked dispatched to an older session lost it without the gateway
-        // noticing (a crashed replica): they are redelivered (or failed) now, as if that
-        // session had ended cleanly.
-        for command in open.iter_mut() {
-            if lost_with_older_session(command, epoch) {
-                let from = command.session_lost(now)?;
-                if commands::save(&*txn, from, command).await? {
-                    events::append_command(&txn, command, Some(from), &gateway, now);
-                }
-            }
-        }
-        let mut busy = busy_lanes(&open);
-        let mut sent = Vec::new();
-        for mut command in open
-            .into_iter()
-            .filter(|c| c.status == CommandStatus::Queued)
-        {
-            if busy.contains(&command.lane) || !ready_to_send(&command, now) {
+        let mut changed: Vec<CommandChange> = Vec::new();
+        for (look, answer) in looks.iter().zip(answers.iter_mut()) {
+            if !to_dispatch.contains(&look.node_id) {
                 continue;
             }
-            let from = command.dispatch(epoch, now)?;
-            if commands::save(&*txn, from, &command).await? {
-                events::append_command(&txn, &command, Some(from), &gateway, now);
+            let Some(open) = open.get_mut(&look.node_id) else {
+                continue;
+            };
+            for command in open.iter_mut() {
+                if lost_with_older_session(command, look.epoch) {
+                    let from = command.session_lost(now)?;
+                    changed.push(CommandChange::new(from, command, &gateway));
+                }
+            }
+            let mut busy = busy_lanes(open);
+            for command in open
+                .iter_mut()
+                .filter(|c| c.status == CommandStatus::Queued)
+            {
+                if busy.contains(&command.lane) || !ready_to_send(command, now) {
+                    continue;
+                }
+                let from = command.dispatch(look.epoch, now)?;
                 busy.insert(command.lane);
-                sent.push(command);
+                changed.push(CommandChange::new(from, command, &gateway));
+                answer.send.push(command.clone());
+            }
+        }
+        self.write_command_changes(&txn, &changed, now).await?;
+        txn.commit().await?;
+        Ok(answers)
+    }
+
+    /// Daemons' reports of their commands (`command.started`, `command.result`), many per
+    /// transaction, each answered in the order given: the command as it now is, or why the
+    /// report was refused (it names a command not sent to this node: `BAD_USER_INPUT`; a
+    /// cancel or timeout that ended the command first: `INVALID_STATE`, and that state
+    /// stands), and the rest are written. The end of a `gpu.reset`, `node.reboot` or
+    /// `diag.nvml` is taken to its node's conditions in the same transaction
+    /// ([`bc_core::node::NodeRecord::observe_command`], through
+    /// [`Services::change_nodes_in`]): a step of a proof satisfied, a condition proven and
+    /// cleared, or a proof restarted by a failed verification, each with its event.
+    pub async fn report_commands(
+        &self,
+        reports: &[CommandReport],
+    ) -> ApiResult<Vec<ApiResult<Command>>> {
+        // Which command each report names, read without the writer: its node says whether
+        // the report is this daemon's to make, and its kind whether its end goes to the
+        // node's conditions, so whether the node is locked first.
+        let ids: Vec<CommandId> = reports.iter().map(|r| r.id.clone()).collect();
+        let named = commands::load_many(self.store.db(), &ids, false).await?;
+        let mut answers: Vec<Option<ApiResult<Command>>> = reports
+            .iter()
+            .map(|r| {
+                let owned = named.get(&r.id).is_some_and(|c| c.node_id == r.node_id);
+                (!owned).then(|| {
+                    Err(ApiError::BadUserInput(format!(
+                        "command `{}` was not sent to this node",
+                        r.id
+                    )))
+                })
+            })
+            .collect();
+        if answers.iter().all(Option::is_some) {
+            return Ok(answers.into_iter().flatten().collect());
+        }
+        let proving: Vec<NodeId> = reports
+            .iter()
+            .filter(|r| named.get(&r.id).is_some_and(|c| may_prove(c.kind)))
+            .map(|r| r.node_id.clone())
+            .collect();
+        let txn = self.store.write().await?;
+        // Node rows before command rows (ARCHITECTURE.md, Invariants: lock order).
+        nodes::lock_many(&*txn, &proving).await?;
+        let mut locked = commands::load_many(&*txn, &ids, true).await?;
+        let now = self.clock.now();
+        let mut changed: Vec<CommandChange> = Vec::new();
+        for (report, answer) in reports.iter().zip(answers.iter_mut()) {
+            if answer.is_some() {
+                continue;
+            }
+            let Some(command) = locked.get_mut(&report.id) else {
+                *answer = Some(Err(not_found(&report.id)));
+                continue;
+            };
+            // Decided on a copy: a refused report leaves the command as it was.
+            let mut next = command.clone();
+            match report.progress.clone().apply(&mut next, now) {
+                Ok(from) => {
+                    *command = next.clone();
+                    let daemon = Actor::Node(report.node_id.to_string());
+                    changed.push(CommandChange::new(from, &next, &daemon));
+                    *answer = Some(Ok(next));
+                }
+                Err(refused) => *answer = Some(Err(refused.into())),
+            }
+        }
+        self.write_command_changes(&txn, &changed, now).await?;
+        let health = Actor::Controller(PROOF_ACTOR.into());
+        let proofs = changed
+            .iter()
+            .map(|change| &change.command)
+            .filter(|c| may_prove(c.kind) && c.status.is_final())
+            .map(|command| NodeChangeRequest {
+                id: command.node_id.clone(),
+                actor: health.clone(),
+                expected_version: None,
+                cause: format!("proof:{}", command.id),
+                change: move |n: &mut NodeRecord, by: &Actor, now| {
+                    n.observe_command(command, by, now)
+                },
+            })
+            .collect();
+        let everyone = |_: &NodeRecord| true;
+        for (_, proved) in self.change_nodes_in(&txn, &everyone, proofs).await? {
+            match proved {
+                // A deleted node has nothing left to prove.
+                Ok(_) | Err(ApiError::NotFound(_)) => {}
+                Err(err) => return Err(err),
             }
         }
         txn.commit().await?;
-        Ok(sent)
-    }
-
-    /// The daemon says it started `id`.
-    pub async fn command_started(&self, node_id: &NodeId, id: &CommandId) -> ApiResult<Command> {
-        let actor = Actor::Node(node_id.to_string());
-        self.change_own_command(node_id, id, &actor, |c, now| c.start(now))
-            .await
-    }
-
-    /// The daemon's result for `id`. If a cancel or timeout already ended the command, that
-    /// state stands and the late result is refused (INVALID_STATE), which the gateway logs.
-    pub async fn command_finished(
-        &self,
-        node_id: &NodeId,
-        id: &CommandId,
-        outcome: Outcome,
-        exit_code: Option<i32>,
-        output: &str,
-        result: Option<serde_json::Value>,
-    ) -> ApiResult<Command> {
-        let actor = Actor::Node(node_id.to_string());
-        let command = self
-            .change_own_command(node_id, id, &actor, |c, now| {
-                c.finish(outcome, exit_code, output, result, now)
+        for command in changed
+            .iter()
+            .map(|change| &change.command)
+            .filter(|c| c.status.is_final())
+        {
+            metrics::counter!("bc_commands_finished_total", "kind" => command.kind.to_string(), "status" => command.status.to_string()).increment(1);
+        }
+        Ok(answers
+            .into_iter()
+            .map(|answer| {
+                answer.unwrap_or_else(|| {
+                    Err(ApiError::Internal(anyhow::anyhow!(
+                        "a command report went unanswered"
+                    )))
+                })
             })
-            .await?;
-        metrics::counter!("bc_commands_finished_total", "kind" => command.kind.to_string(), "status" => command.status.to_string()).increment(1);
-        Ok(command)
+            .collect())
     }
 
-    async fn change_own_command(
+    /// Writes the commands changed in `txn`, in the order changed, with one event per change:
+    /// every command's last state once, in one batched write ([`commands::save_many`]; the
+    /// caller read them locked).
+    async fn write_command_changes(
         &self,
-        node_id: &NodeId,
-        id: &CommandId,
-        actor: &Actor,
-        change: impl FnOnce(&mut Command, DateTime<Utc>) -> Result<CommandStatus, bc_core::DomainError>,
-    ) -> ApiResult<Command> {
-        let Some(owned) = commands::load(self.store.db(), id, false)
-            .await?
-            .filter(|c| &c.node_id == node_id)
-        else {
-            return Err(ApiError::BadUserInput(format!(
-                "command `{id}` was not sent to this node"
-            )));
-        };
-        let proving = may_prove(owned.kind).then_some(node_id);
-        self.change_command_proving(id, proving, actor, None, change)
-            .await
+        txn: &WriteTxn,
+        changed: &[CommandChange],
+        now: DateTime<Utc>,
+    ) -> ApiResult<()> {
+        let mut last: HashMap<&CommandId, &Command> = HashMap::new();
+        for change in changed {
+            last.insert(&change.command.id, &change.command);
+        }
+        let mut rows: Vec<&Command> = last.into_values().collect();
+        rows.sort_by(|a, b| a.id.cmp(&b.id));
+        commands::save_many(&**txn, &rows).await?;
+        for change in changed {
+            events::append_command(txn, &change.command, Some(change.from), &change.by, now);
+        }
+        Ok(())
     }
 
     /// The session of `epoch` ended: its dispatched and running commands are queued again for
@@ -462,7 +577,7 @@ impl Services {
     ) -> ApiResult<Vec<Command>> {
         let gateway = Actor::Controller("gateway".into());
         let txn = self.store.write().await?;
-        // Locked up front in id order, as in `dispatch_commands`.
+        // Locked up front in id order, as in `dispatch_many`.
         let active = commands::of_node(
             &*txn,
             node_id,
@@ -525,6 +640,88 @@ impl Services {
     }
 }
 
+/// One session's look at its node ([`Services::dispatch_many`]): the session's epoch, the
+/// commands it sent that have not ended as far as it knows, and the spec generation it sent
+/// last.
+#[derive(Debug, Clone)]
+pub struct DispatchLook {
+    pub node_id: NodeId,
+    pub epoch: i64,
+    pub in_flight: Vec<CommandId>,
+    pub spec_sent: i64,
+}
+
+/// What a session sends after a look, in this order: `cancel` for each of `stop`, `spec` at
+/// `spec`, then each of `send`.
+#[derive(Debug, Clone, Default)]
+pub struct Dispatch {
+    /// Commands in flight that ended here (cancelled, timed out) or are gone.
+    pub stop: Vec<CommandId>,
+    /// The node's spec generation, when it moved past the one the session sent.
+    pub spec: Option<i64>,
+    /// Commands dispatched to the session, one per lane that was free.
+    pub send: Vec<Command>,
+}
+
+/// A daemon's report of one of its commands ([`Services::report_commands`]).
+#[derive(Debug, Clone)]
+pub struct CommandReport {
+    pub node_id: NodeId,
+    pub id: CommandId,
+    pub progress: CommandProgress,
+}
+
+/// How far a daemon says a command got.
+#[derive(Debug, Clone)]
+pub enum CommandProgress {
+    /// `command.started`.
+    Started,
+    /// `command.result`.
+    Finished {
+        outcome: Outcome,
+        exit_code: Option<i32>,
+        output: String,
+        result: Option<serde_json::Value>,
+    },
+}
+
+impl CommandProgress {
+    /// The command's transition for this report; the status it left, or why it may not.
+    fn apply(
+        self,
+        command: &mut Command,
+        now: DateTime<Utc>,
+    ) -> Result<CommandStatus, bc_core::DomainError> {
+        match self {
+            CommandProgress::Started => command.start(now),
+            CommandProgress::Finished {
+                outcome,
+                exit_code,
+                output,
+                result,
+            } => command.finish(outcome, exit_code, &output, result, now),
+        }
+    }
+}
+
+/// A command changed in a transaction: the status it left, the command as it now is, and
+/// who changed it (the event's actor).
+struct CommandChange {
+    from: CommandStatus,
+    command: Command,
+    by: Actor,
+}
+
+impl CommandChange {
+    fn new(from: CommandStatus, command: &Command, by: &Actor) -> CommandChange {
+        CommandChange {
+            from,
+            command: command.clone(),
+            by: by.clone(),
+        }
+    }
+}
+
 /// The statuses of a command a session may still have to deal with.
 const OPEN_STATUSES: &[CommandStatus] = &[
     CommandStatus::Queued,
@@ -551,7 +748,7 @@ fn lost_with_older_session(command: &Command, epoch: i64) -> bool {
     command.status != CommandStatus::Queued && command.session_epoch.is_some_and(|e| e < epoch)
 }
 
-/// Whether [`Services::dispatch_commands`] would change anything for a session of `epoch`
+/// Whether [`Services::dispatch_many`] would change anything for a session of `epoch`
 /// given a node's open commands: one dispatched to an older session (to redeliver or fail),
 /// or a queued one that may be sent in a free lane. When this says no, the dispatch writes
 /// nothing, so it need not take the writer.

@@ -2,18 +2,22 @@
 //! (`Services::apply_node_changes`, on `change_nodes_in`), and many daemons' hellos opened in
 //! one (`Services::open_sessions`), and daemons' `converged` reports written together
 //! (`Services::report_converged_many`), and inventory reports stored together
-//! (`Services::store_inventory_reports`). Each request of a batch is answered as if it had been a
+//! (`Services::store_inventory_reports`), and daemons' command reports and sessions' looks at
+//! their commands (`Services::report_commands`, `Services::dispatch_many`). Each request of a batch is answered as if it had been a
 //! transaction of its own, and what a refused request asked for is not written.
 
 use bc_core::Actor;
 use bc_core::axes::{Connectivity, ProvisionState};
-use bc_core::ids::NodeId;
+use bc_core::command::{Command, CommandKind, CommandStatus, NewCommand, Outcome};
+use bc_core::ids::{CommandId, NodeId};
 use bc_core::node::NodeRecord;
 use bc_core::provision::ProvisionMove;
 use bc_entity::{node_device, node_inventory_section, node_session};
 use bc_testing::inventory::Machine;
 use bc_testing::{DaemonKnobs, TestServer, each_backend};
+use better_compute::auth::{Principal, Role};
 use better_compute::pki::NodeIdentity;
+use better_compute::service::commands::{CommandProgress, CommandReport, DispatchLook};
 use better_compute::service::inventory::ReportedSection;
 use better_compute::service::node_changes::{NodeChangeRequest, NodeTransition};
 use better_compute::service::sessions::Hello;
@@ -478,6 +482,165 @@ async fn inventory_reports_stored_together_refuse_a_malformed_one_whole() {
         assert!(!stored_twin.hardware_key_trusted);
         assert_eq!(unchanged(&record(s, &bad.id).await), unchanged(bad));
         assert!(event_summary(&node(s, &bad.id.to_string()).await).is_empty());
+    })
+    .await;
+}
+
+/// A command queued by the test's controller for `node`.
+async fn queued(s: &TestServer, node: &NodeRecord, kind: CommandKind) -> Command {
+    let params = match kind {
+        CommandKind::DiagNvml => json!({ "level": 1 }),
+        _ => json!({}),
+    };
+    let new = NewCommand {
+        kind,
+        params,
+        timeout: None,
+        not_before: None,
+        ttl: None,
+        force: false,
+    };
+    s.server
+        .services
+        .queue_command_as(&Actor::Controller("batch-test".into()), node, new)
+        .await
+        .unwrap_or_else(|err| panic!("queueing {kind}: {}", err.message()))
+}
+
+async fn status_of(s: &TestServer, id: &CommandId) -> (CommandStatus, i32) {
+    let admin = Principal {
+        subject: "test-admin".into(),
+        role: Role::Admin,
+        tenant: None,
+        expires_at: now(s) + chrono::Duration::days(1),
+    };
+    let command = s
+        .server
+        .services
+        .command(&admin, id)
+        .await
+        .unwrap_or_else(|err| panic!("reading command {id}: {}", err.message()));
+    (command.status, command.attempts)
+}
+
+fn ids(commands: &[Command]) -> Vec<CommandId> {
+    commands.iter().map(|c| c.id.clone()).collect()
+}
+
+#[tokio::test]
+async fn sessions_looking_together_each_get_their_own_commands_stops_and_spec() {
+    each_backend(async |s| {
+        let nodes = adopted_nodes(s, 3, |n| n.generation = 3).await;
+        let (a, b, c) = (&nodes[0], &nodes[1], &nodes[2]);
+        let a_diag = queued(s, a, CommandKind::DiagNvml).await;
+        let a_logs = queued(s, a, CommandKind::LogsCollect).await;
+        let b_first = queued(s, b, CommandKind::DiagNvml).await;
+        let b_second = queued(s, b, CommandKind::DiagNvml).await;
+        let c_logs = queued(s, c, CommandKind::LogsCollect).await;
+        let ghost = CommandId::generate();
+        let look = |node: &NodeRecord, spec_sent: i64, in_flight: Vec<CommandId>| DispatchLook {
+            node_id: node.id.clone(),
+            epoch: 1,
+            in_flight,
+            spec_sent,
+        };
+
+        let answers = s
+            .server
+            .services
+            .dispatch_many(&[
+                look(a, 3, Vec::new()),
+                look(b, 1, Vec::new()),
+                look(b, 3, Vec::new()),
+                look(c, 3, vec![ghost.clone()]),
+            ])
+            .await
+            .unwrap_or_else(|err| panic!("the batch as a whole: {}", err.message()));
+
+        let seen: Vec<(Vec<CommandId>, Option<i64>, Vec<CommandId>)> = answers
+            .iter()
+            .map(|d| (d.stop.clone(), d.spec, ids(&d.send)))
+            .collect();
+        assert_eq!(
+            seen,
+            vec![
+                // One command per free lane: the GPU lane's and the logs lane's.
+                (Vec::new(), None, vec![a_diag.id.clone(), a_logs.id.clone()]),
+                // Spec 1 was sent, the node is at 3; the oldest of the lane goes first...
+                (Vec::new(), Some(3), vec![b_first.id.clone()]),
+                // ...and the second look sees the lane the first one filled.
+                (Vec::new(), None, Vec::new()),
+                // A command in flight that is gone is stopped.
+                (vec![ghost], None, vec![c_logs.id.clone()]),
+            ]
+        );
+        assert_eq!(
+            status_of(s, &a_diag.id).await,
+            (CommandStatus::Dispatched, 1)
+        );
+        assert_eq!(status_of(s, &b_second.id).await, (CommandStatus::Queued, 0));
+
+        let report = |node: &NodeRecord, id: &CommandId, progress: CommandProgress| CommandReport {
+            node_id: node.id.clone(),
+            id: id.clone(),
+            progress,
+        };
+        let succeeded = CommandProgress::Finished {
+            outcome: Outcome::Succeeded,
+            exit_code: Some(0),
+            output: "all GPUs passed".into(),
+            result: None,
+        };
+        let answers = s
+            .server
+            .services
+            .report_commands(&[
+                report(a, &a_diag.id, CommandProgress::Started),
+                report(b, &b_first.id, succeeded),
+                // Another node's command: not this daemon's to report.
+                report(a, &c_logs.id, CommandProgress::Started),
+                // A command still queued cannot have started.
+                report(b, &b_second.id, CommandProgress::Started),
+            ])
+            .await
+            .unwrap_or_else(|err| panic!("the batch as a whole: {}", err.message()));
+        let codes: Vec<Result<CommandStatus, &str>> = answers
+            .iter()
+            .map(|answer| answer.as_ref().map(|c| c.status).map_err(|err| err.code()))
+            .collect();
+        assert_eq!(
+            codes,
+            vec![
+                Ok(CommandStatus::Running),
+                Ok(CommandStatus::Succeeded),
+                Err("BAD_USER_INPUT"),
+                Err("INVALID_STATE"),
+            ]
+        );
+        assert_eq!(status_of(s, &a_diag.id).await, (CommandStatus::Running, 1));
+        assert_eq!(
+            status_of(s, &b_first.id).await,
+            (CommandStatus::Succeeded, 1)
+        );
+        assert_eq!(
+            status_of(s, &c_logs.id).await,
+            (CommandStatus::Dispatched, 1)
+        );
+        assert_eq!(status_of(s, &b_second.id).await, (CommandStatus::Queued, 0));
+
+        // With its GPU lane free, b's next look dispatches the second diagnostic.
+        let next = s
+            .server
+            .services
+            .dispatch_many(&[look(b, 3, vec![b_first.id.clone()])])
+            .await
+            .unwrap_or_else(|err| panic!("the batch as a whole: {}", err.message()));
+        assert_eq!(ids(&next[0].send), vec![b_second.id.clone()]);
+        assert_eq!(
+            next[0].stop,
+            vec![b_first.id.clone()],
+            "an ended command is stopped"
+        );
     })
     .await;
 }

@@ -507,7 +507,14 @@ async fn commands_left_dispatched_by_a_crashed_session_are_redelivered_to_the_ne
         wait_status(s, &id, "DISPATCHED").await;
         // ...and that session's replica dies without recording anything: the next session
         // (epoch 2, opened elsewhere) gets the command again.
-        let redelivered = services.dispatch_commands(&node, 2).await.unwrap();
+        let look = better_compute::service::commands::DispatchLook {
+            node_id: node.clone(),
+            epoch: 2,
+            in_flight: Vec::new(),
+            spec_sent: i64::MAX,
+        };
+        let mut answers = services.dispatch_many(&[look]).await.unwrap();
+        let redelivered = answers.pop().unwrap().send;
         assert_eq!(
             redelivered
                 .iter()

@@ -11,7 +11,8 @@ use std::collections::HashMap;
 use super::schedule_sql;
 
 /// Each node's capacity bucket as computed by the SQL expression, for the property test
-/// that compares it with the Rust predicate.
+/// that compares it with the Rust predicate (through `test_support`).
+#[cfg(feature = "test-support")]
 pub async fn sql_buckets(
     conn: &impl ConnectionTrait,
 ) -> anyhow::Result<HashMap<String, (CapacityBucket, bool)>> {

@@ -116,6 +116,47 @@ pub async fn save(
     Ok(result.rows_affected == 1)
 }
 
+/// Writes many commands at once, each as it is now: one upsert per run of rows
+/// ([`super::batch_shapes::runs`]), an update of many rows to different values in one
+/// statement on both backends.
+///
+/// This is the gateway's batched write, and it has no compare-and-set of its own: the caller
+/// read every row locked in this transaction ([`load_many`] or [`of_nodes`] with
+/// `for_update`; SQLite's writer is held), so no one else can have changed a status since,
+/// and the caller decided each change on the status it read. A row written after this
+/// write's time (`updated_at`) is left alone all the same, and that fails the whole write
+/// (the caller rolls back) rather than go back in time.
+pub async fn save_many(conn: &impl ConnectionTrait, commands: &[&Command]) -> anyhow::Result<()> {
+    use sea_orm::sea_query::{Alias, Expr, ExprTrait, OnConflict};
+    use sea_orm::{IdenStatic, Iterable};
+    for run in super::batch_shapes::runs(commands.to_vec(), COMMAND_WRITE_RUN) {
+        let not_newer = Expr::col((command::Entity, command::Column::UpdatedAt)).lte(Expr::col((
+            Alias::new("excluded"),
+            Alias::new(command::Column::UpdatedAt.as_str()),
+        )));
+        let upsert = OnConflict::column(command::Column::Id)
+            .update_columns(command::Column::iter().filter(|c| !matches!(c, command::Column::Id)))
+            .action_and_where(not_newer)
+            .to_owned();
+        let count = run.len() as u64;
+        let written = command::Entity::insert_many(run.into_iter().map(row))
+            .on_conflict(upsert)
+            .exec_without_returning(conn)
+            .await?;
+        if written != count {
+            return Err(anyhow!(
+                "{} of {count} commands were written after their locked read; nothing was written",
+                count - written
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Command rows per upsert of [`save_many`]: 23 columns each, far below both databases'
+/// bound-parameter limits, and a power of two ([`super::batch_shapes`]).
+const COMMAND_WRITE_RUN: usize = 256;
+
 pub async fn load(
     conn: &impl ConnectionTrait,
     id: &CommandId,
@@ -127,6 +168,35 @@ pub async fn load(
     }
     select.one(conn).await?.map(command_from).transpose()
 }
+
+/// Many commands by id, locked when `for_update` (in id order, where the database has row
+/// locks); ids that name no command are left out.
+pub async fn load_many(
+    conn: &impl ConnectionTrait,
+    ids: &[CommandId],
+    for_update: bool,
+) -> anyhow::Result<HashMap<CommandId, Command>> {
+    let mut sorted: Vec<String> = ids.iter().map(ToString::to_string).collect();
+    sorted.sort();
+    sorted.dedup();
+    let mut loaded = HashMap::with_capacity(sorted.len());
+    for chunk in sorted.chunks(IDS_PER_QUERY) {
+        let mut select = command::Entity::find()
+            .filter(command::Column::Id.is_in(super::batch_shapes::padded(chunk)))
+            .order_by_asc(command::Column::Id);
+        if for_update {
+            select = super::lock_for_update(select, conn);
+        }
+        for row in select.all(conn).await? {
+            let command = command_from(row)?;
+            loaded.insert(command.id.clone(), command);
+        }
+    }
+    Ok(loaded)
+}
+
+/// Ids per `IN (…)` list of a batched read.
+const IDS_PER_QUERY: usize = 1_024;
 
 /// Which commands to list.
 #[derive(Debug, Clone, Default)]
@@ -219,12 +289,39 @@ pub async fn of_node(
     node_id: &NodeId,
     statuses: &[CommandStatus],
 ) -> anyhow::Result<Vec<Command>> {
-    let select = command::Entity::find()
-        .filter(command::Column::NodeId.eq(node_id.to_string()))
-        .filter(command::Column::Status.is_in(statuses.iter().map(ToString::to_string)))
-        .order_by_asc(command::Column::Id);
-    let rows = super::lock_for_update(select, conn).all(conn).await?;
-    rows.into_iter().map(command_from).collect()
+    let mut by_node = of_nodes(conn, std::slice::from_ref(node_id), statuses, true).await?;
+    Ok(by_node.remove(node_id).unwrap_or_default())
+}
+
+/// [`of_node`] for many nodes at once, by node (a node with none is absent), each node's
+/// oldest first; locked, in id order, when `for_update`.
+pub async fn of_nodes(
+    conn: &impl ConnectionTrait,
+    node_ids: &[NodeId],
+    statuses: &[CommandStatus],
+    for_update: bool,
+) -> anyhow::Result<HashMap<NodeId, Vec<Command>>> {
+    let mut sorted: Vec<String> = node_ids.iter().map(ToString::to_string).collect();
+    sorted.sort();
+    sorted.dedup();
+    let mut by_node: HashMap<NodeId, Vec<Command>> = HashMap::new();
+    for chunk in sorted.chunks(IDS_PER_QUERY) {
+        let mut select = command::Entity::find()
+            .filter(command::Column::NodeId.is_in(super::batch_shapes::padded(chunk)))
+            .filter(command::Column::Status.is_in(statuses.iter().map(ToString::to_string)))
+            .order_by_asc(command::Column::Id);
+        if for_update {
+            select = super::lock_for_update(select, conn);
+        }
+        for row in select.all(conn).await? {
+            let command = command_from(row)?;
+            by_node
+                .entry(command.node_id.clone())
+                .or_default()
+                .push(command);
+        }
+    }
+    Ok(by_node)
 }
 
 /// How many commands are queued, dispatched and running (the queue depths `/metrics` shows).

@@ -112,39 +112,29 @@ pub async fn generation_and_pool(
     conn: &impl ConnectionTrait,
     id: &NodeId,
 ) -> anyhow::Result<Option<(i64, Option<bc_core::ids::PoolId>)>> {
-    let row = node::Entity::find_by_id(id.to_string())
-        .select_only()
-        .column(node::Column::Generation)
-        .column(node::Column::PoolId)
-        .into_tuple::<(i64, Option<String>)>()
-        .one(conn)
-        .await?;
-    row.map(|(generation, pool)| {
-        let pool = pool
-            .map(|p| bc_core::ids::PoolId::parse(&p).map_err(|e| anyhow!("pool id `{p}`: {e}")))
-            .transpose()?;
-        Ok((generation, pool))
-    })
-    .transpose()
+    Ok(generation_and_pool_of_each(conn, std::slice::from_ref(id))
+        .await?
+        .remove(id))
 }
 
-/// Each node's pool (`None`: in no pool), live or deleted, in one statement per thousand
-/// nodes; ids that name no node are left out.
-pub async fn pool_of_each(
+/// [`generation_and_pool`] for many nodes, in one statement per thousand nodes; ids that
+/// name no node are left out.
+pub async fn generation_and_pool_of_each(
     conn: &impl ConnectionTrait,
     ids: &[NodeId],
-) -> anyhow::Result<HashMap<NodeId, Option<bc_core::ids::PoolId>>> {
-    let mut pools = HashMap::with_capacity(ids.len());
+) -> anyhow::Result<HashMap<NodeId, (i64, Option<bc_core::ids::PoolId>)>> {
+    let mut found = HashMap::with_capacity(ids.len());
     for chunk in ids.chunks(1_000) {
         let rows = node::Entity::find()
             .select_only()
             .column(node::Column::Id)
+            .column(node::Column::Generation)
             .column(node::Column::PoolId)
             .filter(node::Column::Id.is_in(padded(chunk).iter().map(ToString::to_string)))
-            .into_tuple::<(String, Option<String>)>()
+            .into_tuple::<(String, i64, Option<String>)>()
             .all(conn)
             .await?;
-        for (id, pool) in rows {
+        for (id, generation, pool) in rows {
             let id = NodeId::parse(&id).map_err(|_| anyhow!("corrupt row: nodes.id = `{id}`"))?;
             let pool = pool
                 .map(|p| {
@@ -152,10 +142,23 @@ pub async fn pool_of_each(
                         .map_err(|_| anyhow!("corrupt row: nodes.pool_id = `{p}`"))
                 })
                 .transpose()?;
-            pools.insert(id, pool);
+            found.insert(id, (generation, pool));
         }
     }
-    Ok(pools)
+    Ok(found)
+}
+
+/// Each node's pool (`None`: in no pool), live or deleted; ids that name no node are left
+/// out ([`generation_and_pool_of_each`]).
+pub async fn pool_of_each(
+    conn: &impl ConnectionTrait,
+    ids: &[NodeId],
+) -> anyhow::Result<HashMap<NodeId, Option<bc_core::ids::PoolId>>> {
+    Ok(generation_and_pool_of_each(conn, ids)
+        .await?
+        .into_iter()
+        .map(|(id, (_, pool))| (id, pool))
+        .collect())
 }
 
 /// The live nodes holding these hardware keys as trusted, by key, in one statement per
