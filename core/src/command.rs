@@ -460,8 +460,8 @@ impl Command {
         };
         let from = self.move_to(to, now)?;
         self.exit_code = exit_code;
-        self.output = bound_output(output);
-        self.result = result;
+        self.output = bound_output(&without_nul(output));
+        self.result = result.map(json_without_nul);
         Ok(from)
     }
 
@@ -546,6 +546,36 @@ pub fn expiry(now: DateTime<Utc>, ttl: Option<Duration>) -> DateTime<Utc> {
         .unwrap_or(DateTime::<Utc>::MAX_UTC)
 }
 
+/// `text` with each NUL character replaced by U+FFFD. PostgreSQL's `text` and `jsonb` cannot
+/// hold a NUL, and a tool's output may carry one: kept as it came, it would keep the whole
+/// result from being recorded.
+fn without_nul(text: &str) -> String {
+    text.replace('\0', "\u{FFFD}")
+}
+
+/// A daemon's result with [`without_nul`] applied to every string and key in it.
+fn json_without_nul(value: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match value {
+        Value::String(s) if s.contains('\0') => Value::String(without_nul(&s)),
+        Value::Array(items) => Value::Array(items.into_iter().map(json_without_nul).collect()),
+        Value::Object(fields) => Value::Object(
+            fields
+                .into_iter()
+                .map(|(key, value)| {
+                    let key = if key.contains('\0') {
+                        without_nul(&key)
+                    } else {
+                        key
+                    };
+                    (key, json_without_nul(value))
+                })
+                .collect(),
+        ),
+        other => other,
+    }
+}
+
 /// Cuts `output` to [`MAX_OUTPUT_BYTES`] on a character boundary, saying so at the end.
 pub fn bound_output(output: &str) -> String {
     if output.len() <= MAX_OUTPUT_BYTES {
@@ -563,6 +593,36 @@ pub fn bound_output(output: &str) -> String {
 mod tests {
     use super::*;
     use strum::IntoEnumIterator;
+
+    #[test]
+    fn a_result_is_kept_without_nul_characters() {
+        let now = Utc::now();
+        let new = NewCommand {
+            kind: CommandKind::LogsCollect,
+            params: serde_json::json!({}),
+            timeout: None,
+            not_before: None,
+            ttl: None,
+            force: false,
+        };
+        let node = NodeId::parse("node_a").expect("a node id");
+        let mut command = Command::new(new, node, None, Actor::System, now).expect("a command");
+        command.dispatch(1, now).expect("dispatched");
+        command
+            .finish(
+                Outcome::Succeeded,
+                Some(0),
+                "before\0after",
+                Some(serde_json::json!({ "k\0": ["v\0", 1] })),
+                now,
+            )
+            .expect("finished");
+        assert_eq!(command.output, "before\u{FFFD}after");
+        assert_eq!(
+            command.result,
+            Some(serde_json::json!({ "k\u{FFFD}": ["v\u{FFFD}", 1] }))
+        );
+    }
 
     #[test]
     fn kinds_have_stable_names_lanes_and_flags() {

@@ -361,9 +361,9 @@ async fn store_inventory(
     .await
 }
 
-/// One batch of sessions' looks at their nodes ([`Services::dispatch_many`]). A look changes
-/// nothing but the commands it dispatches, so the whole batch has one answer: a failed
-/// batch is taken again a look at a time like any other write.
+/// One batch of sessions' looks at their nodes ([`Services::dispatch_many`]). It answers every
+/// look or fails as a whole; a failed batch is taken again a look at a time, like any other
+/// write.
 async fn dispatch(services: Services, batch: Vec<DispatchLook>) -> Vec<ApiResult<Dispatch>> {
     written("dispatching commands", &batch, |looks| async {
         Ok(services

@@ -242,7 +242,7 @@ async fn end(
     // were 20,000 write transactions, which kept a stopping server busy for more than 15 s.
     // Nothing is lost: the daemon reconnects (to another replica, or to this server once it is
     // back), and its next session redelivers the commands this one had in flight
-    // (`dispatch_commands` treats an older epoch's as lost) and finds the node connected; a
+    // (`dispatch_many` treats an older epoch's as lost) and finds the node connected; a
     // daemon that never comes back is found by Liveness, as after a crash.
     if *state.shutdown.borrow() {
         metrics::counter!("bc_gateway_session_ends_left_to_next_session_total").increment(1);
@@ -480,7 +480,9 @@ impl Live<'_> {
 
     /// Records a report of one of this session's commands, with other sessions' reports
     /// ([`super::WriteBatches`]). A refused report (a cancel or timeout that won the race; the
-    /// daemon hears `cancel`) is only logged.
+    /// daemon hears `cancel`) is logged, and so is one that could not be written: the session
+    /// goes on either way. Ending it would requeue a command whose result had come, and the
+    /// daemon would run it again; unrecorded, the command times out instead.
     async fn report_command(&mut self, id: CommandId, progress: CommandProgress) -> Next {
         let report = CommandReport {
             node_id: self.node_id.clone(),
@@ -492,7 +494,7 @@ impl Live<'_> {
             Some(Ok(_)) => Next::Continue,
             Some(Err(err @ ApiError::Internal(_))) => {
                 tracing::warn!(node_id = %self.node_id, %id, code = err.code(), reason = %err.message(), "recording a command report failed");
-                Next::Close(Ending::internal())
+                Next::Continue
             }
             Some(Err(err)) => {
                 tracing::debug!(node_id = %self.node_id, %id, code = err.code(), reason = %err.message(), "late command report ignored");

@@ -389,7 +389,7 @@ impl Services {
                 }
             })
             .collect();
-        let to_dispatch: Vec<NodeId> = looks
+        let to_dispatch: HashSet<NodeId> = looks
             .iter()
             .filter(|look| {
                 let open = open.get(&look.node_id).map_or(&[][..], Vec::as_slice);
@@ -403,7 +403,8 @@ impl Services {
         let txn = self.store.write().await?;
         // Every command this may change is locked here, in id order, before any is written;
         // the events follow at commit (ARCHITECTURE.md, Invariants: lock order).
-        let mut open = commands::of_nodes(&*txn, &to_dispatch, OPEN_STATUSES, true).await?;
+        let locking: Vec<NodeId> = to_dispatch.iter().cloned().collect();
+        let mut open = commands::of_nodes(&*txn, &locking, OPEN_STATUSES, true).await?;
         let now = self.clock.now();
         let mut changed: Vec<CommandChange> = Vec::new();
         for (look, answer) in looks.iter().zip(answers.iter_mut()) {
@@ -471,10 +472,16 @@ impl Services {
         if answers.iter().all(Option::is_some) {
             return Ok(answers.into_iter().flatten().collect());
         }
+        // A result's node, when the result may prove one of its conditions.
         let proving: Vec<NodeId> = reports
             .iter()
-            .filter(|r| named.get(&r.id).is_some_and(|c| may_prove(c.kind)))
-            .map(|r| r.node_id.clone())
+            .zip(&answers)
+            .filter(|(r, refused)| {
+                refused.is_none()
+                    && matches!(r.progress, CommandProgress::Finished { .. })
+                    && named.get(&r.id).is_some_and(|c| may_prove(c.kind))
+            })
+            .map(|(r, _)| r.node_id.clone())
             .collect();
         let txn = self.store.write().await?;
         // Node rows before command rows (ARCHITECTURE.md, Invariants: lock order).

@@ -162,13 +162,6 @@ impl Services {
         Ok(())
     }
 
-    /// The node's current spec generation (what the gateway sends as `spec`).
-    pub async fn spec_generation(&self, node_id: &NodeId) -> ApiResult<i64> {
-        Ok(nodes::generation_and_pool(self.store.db(), node_id)
-            .await?
-            .map_or(0, |(generation, _)| generation))
-    }
-
     /// Daemons converged their specs, each `(node, generation)`: the nodes'
     /// `observedGeneration`, in one transaction ([`Services::change_nodes_in`]). Each report
     /// is answered in the order given; one the domain refuses (a generation the node never

@@ -478,7 +478,9 @@ async fn command_updates_stream_live_with_results() {
         let sent = send_command(s, s.admin_token(), &live.node_id, "DIAG_NVML", json!({})).await.unwrap();
         let id = sent[0]["id"].as_str().unwrap().to_owned();
         let (got, _) = next_command(&mut live.ws).await;
-        finish(&mut live.ws, &got, Outcome::Failed, 1, json!({"passed": false, "failures": [{"gpu": 3}]})).await;
+        // A NUL in a daemon's result (which PostgreSQL cannot store) does not keep the result
+        // from being recorded.
+        finish(&mut live.ws, &got, Outcome::Failed, 1, json!({"passed": false, "failures": [{"gpu": 3, "detail": "xid\u{0}79"}]})).await;
         let mut seen = Vec::new();
         while seen.last().map(String::as_str) != Some("failed") {
             let update = client.next_data("c", "commandUpdates", Duration::from_secs(10)).await.unwrap();
@@ -488,6 +490,7 @@ async fn command_updates_stream_live_with_results() {
         assert_eq!(seen, vec!["queued", "dispatched", "running", "failed"]);
         let last = command(s, &id).await;
         assert_eq!(last["result"]["failures"][0]["gpu"], 3);
+        assert_eq!(last["result"]["failures"][0]["detail"], "xid\u{FFFD}79");
     })
     .await;
 }

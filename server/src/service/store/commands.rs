@@ -95,7 +95,7 @@ pub async fn insert(conn: &impl ConnectionTrait, commands: &[Command]) -> anyhow
     Ok(())
 }
 
-/// Commands per INSERT. A command row has 22 columns, and SQLite binds at most 32,766
+/// Commands per INSERT. A command row has 23 columns, and SQLite binds at most 32,766
 /// parameters per statement (PostgreSQL 65,535): one INSERT of a `sendCommand` to its
 /// 10,000-node limit would be refused.
 const COMMANDS_PER_INSERT: usize = 1_000;
@@ -120,23 +120,18 @@ pub async fn save(
 /// ([`super::batch_shapes::runs`]), an update of many rows to different values in one
 /// statement on both backends.
 ///
-/// This is the gateway's batched write, and it has no compare-and-set of its own: the caller
-/// read every row locked in this transaction ([`load_many`] or [`of_nodes`] with
-/// `for_update`; SQLite's writer is held), so no one else can have changed a status since,
-/// and the caller decided each change on the status it read. A row written after this
-/// write's time (`updated_at`) is left alone all the same, and that fails the whole write
-/// (the caller rolls back) rather than go back in time.
+/// This is the gateway's batched write, and unlike [`save`] it is no compare-and-set: the
+/// caller read every row locked in this transaction ([`load_many`] or [`of_nodes`] with
+/// `for_update`; on SQLite the transaction holds the one writer), so no one else can have
+/// changed a status since, and the caller decided each change on the status it read. (A
+/// guard on `updated_at` would compare the clocks of two replicas, and refuse right writes
+/// when they disagree by a few milliseconds.)
 pub async fn save_many(conn: &impl ConnectionTrait, commands: &[&Command]) -> anyhow::Result<()> {
-    use sea_orm::sea_query::{Alias, Expr, ExprTrait, OnConflict};
-    use sea_orm::{IdenStatic, Iterable};
+    use sea_orm::Iterable;
+    use sea_orm::sea_query::OnConflict;
     for run in super::batch_shapes::runs(commands.to_vec(), COMMAND_WRITE_RUN) {
-        let not_newer = Expr::col((command::Entity, command::Column::UpdatedAt)).lte(Expr::col((
-            Alias::new("excluded"),
-            Alias::new(command::Column::UpdatedAt.as_str()),
-        )));
         let upsert = OnConflict::column(command::Column::Id)
             .update_columns(command::Column::iter().filter(|c| !matches!(c, command::Column::Id)))
-            .action_and_where(not_newer)
             .to_owned();
         let count = run.len() as u64;
         let written = command::Entity::insert_many(run.into_iter().map(row))
@@ -145,8 +140,7 @@ pub async fn save_many(conn: &impl ConnectionTrait, commands: &[&Command]) -> an
             .await?;
         if written != count {
             return Err(anyhow!(
-                "{} of {count} commands were written after their locked read; nothing was written",
-                count - written
+                "{count} commands were to be written and {written} were; nothing was written"
             ));
         }
     }
@@ -195,7 +189,7 @@ pub async fn load_many(
     Ok(loaded)
 }
 
-/// Ids per `IN (…)` list of a batched read.
+/// Ids per `IN (…)` list of a batched read: the gateway's batches (256) fit in one.
 const IDS_PER_QUERY: usize = 1_024;
 
 /// Which commands to list.
@@ -294,7 +288,10 @@ pub async fn of_node(
 }
 
 /// [`of_node`] for many nodes at once, by node (a node with none is absent), each node's
-/// oldest first; locked, in id order, when `for_update`.
+/// oldest first; locked, in id order, when `for_update`. The rows are read in one statement
+/// per [`IDS_PER_QUERY`] nodes, and only within one statement are they locked in id order,
+/// so a caller that locks locks at most that many nodes' commands at once (lock order,
+/// ARCHITECTURE.md).
 pub async fn of_nodes(
     conn: &impl ConnectionTrait,
     node_ids: &[NodeId],
@@ -304,6 +301,10 @@ pub async fn of_nodes(
     let mut sorted: Vec<String> = node_ids.iter().map(ToString::to_string).collect();
     sorted.sort();
     sorted.dedup();
+    debug_assert!(
+        !for_update || sorted.len() <= IDS_PER_QUERY,
+        "locking the commands of more than {IDS_PER_QUERY} nodes at once"
+    );
     let mut by_node: HashMap<NodeId, Vec<Command>> = HashMap::new();
     for chunk in sorted.chunks(IDS_PER_QUERY) {
         let mut select = command::Entity::find()

@@ -105,20 +105,9 @@ pub async fn live_identity_generation(
         .await?)
 }
 
-/// A live or deleted node's spec generation and pool, without the rest of the node (one
-/// statement where [`load`] takes five): what a session's hello and an inventory report ask
-/// of the node before they change it. `None` if the node does not exist.
-pub async fn generation_and_pool(
-    conn: &impl ConnectionTrait,
-    id: &NodeId,
-) -> anyhow::Result<Option<(i64, Option<bc_core::ids::PoolId>)>> {
-    Ok(generation_and_pool_of_each(conn, std::slice::from_ref(id))
-        .await?
-        .remove(id))
-}
-
-/// [`generation_and_pool`] for many nodes, in one statement per thousand nodes; ids that
-/// name no node are left out.
+/// Live or deleted nodes' spec generations and pools, without the rest of the nodes, in one
+/// statement per thousand nodes: what sessions' looks at their nodes and inventory reports
+/// ask of the nodes before they change them. Ids that name no node are left out.
 pub async fn generation_and_pool_of_each(
     conn: &impl ConnectionTrait,
     ids: &[NodeId],
