@@ -523,6 +523,22 @@ async fn status_of(s: &TestServer, id: &CommandId) -> (CommandStatus, i32) {
     (command.status, command.attempts)
 }
 
+/// `(type, actor)` of the node's command events, oldest first.
+async fn command_events(s: &TestServer, node_record: &NodeRecord) -> Vec<(String, String)> {
+    crate::common::events(&node(s, &node_record.id.to_string()).await)
+        .iter()
+        .filter(|e| {
+            e["type"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("command."))
+        })
+        .map(|e| {
+            let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
+            (text(&e["type"]), text(&e["actor"]))
+        })
+        .collect()
+}
+
 fn ids(commands: &[Command]) -> Vec<CommandId> {
     commands.iter().map(|c| c.id.clone()).collect()
 }
@@ -627,6 +643,68 @@ async fn sessions_looking_together_each_get_their_own_commands_stops_and_spec() 
             (CommandStatus::Dispatched, 1)
         );
         assert_eq!(status_of(s, &b_second.id).await, (CommandStatus::Queued, 0));
+
+        // One event per change, each by whoever made it: the controller queued, the gateway
+        // dispatched, the daemon started.
+        assert_eq!(
+            command_events(s, a).await,
+            vec![
+                (
+                    "command.queued".to_owned(),
+                    "controller:batch-test".to_owned()
+                ),
+                (
+                    "command.queued".to_owned(),
+                    "controller:batch-test".to_owned()
+                ),
+                (
+                    "command.dispatched".to_owned(),
+                    "controller:gateway".to_owned()
+                ),
+                (
+                    "command.dispatched".to_owned(),
+                    "controller:gateway".to_owned()
+                ),
+                ("command.running".to_owned(), format!("node:{}", a.id)),
+            ]
+        );
+
+        // A command started and finished in one batch: both written, one row, two events.
+        let answers = s
+            .server
+            .services
+            .report_commands(&[
+                report(c, &c_logs.id, CommandProgress::Started),
+                report(
+                    c,
+                    &c_logs.id,
+                    CommandProgress::Finished {
+                        outcome: Outcome::Failed,
+                        exit_code: Some(2),
+                        output: String::new(),
+                        result: None,
+                    },
+                ),
+            ])
+            .await
+            .unwrap_or_else(|err| panic!("the batch as a whole: {}", err.message()));
+        let codes: Vec<Result<CommandStatus, &str>> = answers
+            .iter()
+            .map(|answer| answer.as_ref().map(|c| c.status).map_err(|err| err.code()))
+            .collect();
+        assert_eq!(
+            codes,
+            vec![Ok(CommandStatus::Running), Ok(CommandStatus::Failed)]
+        );
+        assert_eq!(status_of(s, &c_logs.id).await, (CommandStatus::Failed, 1));
+        let c_events = command_events(s, c).await;
+        assert_eq!(
+            c_events[c_events.len() - 2..].to_vec(),
+            vec![
+                ("command.running".to_owned(), format!("node:{}", c.id)),
+                ("command.failed".to_owned(), format!("node:{}", c.id)),
+            ]
+        );
 
         // With its GPU lane free, b's next look dispatches the second diagnostic.
         let next = s
