@@ -369,8 +369,7 @@ impl Live<'_> {
         // A report ends where another kind of frame begins: store it first, so what follows
         // (a command's result after its `inventory.refresh`) is handled after it, as sent.
         if !matches!(message, DaemonMessage::Inventory { .. })
-            && let next @ (Next::Close(_) | Next::DaemonLeft) =
-                attributed("gateway.inventory", self.store_report()).await
+            && let next @ (Next::Close(_) | Next::DaemonLeft) = self.store_report().await
         {
             return next;
         }
@@ -388,20 +387,12 @@ impl Live<'_> {
                 self.on_command_result(&id, outcome, exit_code, output, result)
                     .await
             }
-            DaemonMessage::Converged { generation } => {
-                attributed("gateway.converged", self.on_converged(generation)).await
-            }
+            DaemonMessage::Converged { generation } => self.on_converged(generation).await,
             DaemonMessage::Inventory {
                 section,
                 hash,
                 content,
-            } => {
-                attributed(
-                    "gateway.inventory",
-                    self.on_inventory(section, hash, content),
-                )
-                .await
-            }
+            } => self.on_inventory(section, hash, content).await,
         }
     }
 

@@ -389,7 +389,7 @@ impl Services {
                 }
             })
             .collect();
-        let to_dispatch: HashSet<NodeId> = looks
+        let to_dispatch: Vec<NodeId> = looks
             .iter()
             .filter(|look| {
                 let open = open.get(&look.node_id).map_or(&[][..], Vec::as_slice);
@@ -403,14 +403,11 @@ impl Services {
         let txn = self.store.write().await?;
         // Every command this may change is locked here, in id order, before any is written;
         // the events follow at commit (ARCHITECTURE.md, Invariants: lock order).
-        let locking: Vec<NodeId> = to_dispatch.iter().cloned().collect();
-        let mut open = commands::of_nodes(&*txn, &locking, OPEN_STATUSES, true).await?;
+        let mut open = commands::of_nodes(&*txn, &to_dispatch, OPEN_STATUSES, true).await?;
         let now = self.clock.now();
         let mut changed: Vec<CommandChange> = Vec::new();
         for (look, answer) in looks.iter().zip(answers.iter_mut()) {
-            if !to_dispatch.contains(&look.node_id) {
-                continue;
-            }
+            // Only the nodes with something to dispatch were read again, locked.
             let Some(open) = open.get_mut(&look.node_id) else {
                 continue;
             };

@@ -98,11 +98,18 @@ async fn adopted_nodes(
     nodes
 }
 
-/// How many rows each node has, from the rows' node ids.
-fn rows_per_node(node_ids: impl Iterator<Item = String>) -> BTreeMap<String, usize> {
+/// How many rows of table `E` each node has, by node id (`node_id` reads a row's).
+async fn rows_per_node<E: EntityTrait>(
+    s: &TestServer,
+    node_id: fn(E::Model) -> String,
+) -> BTreeMap<String, usize> {
+    let rows = E::find()
+        .all(&s.database().await)
+        .await
+        .unwrap_or_else(|err| panic!("reading {}: {err}", E::default().table_name()));
     let mut counts = BTreeMap::new();
-    for node_id in node_ids {
-        *counts.entry(node_id).or_insert(0) += 1;
+    for row in rows {
+        *counts.entry(node_id(row)).or_insert(0) += 1;
     }
     counts
 }
@@ -434,15 +441,7 @@ async fn inventory_reports_stored_together_refuse_a_malformed_one_whole() {
             codes,
             vec![Ok(()), Err("BAD_USER_INPUT"), Err("NOT_FOUND"), Ok(())]
         );
-        let db = s.database().await;
-        let sections = rows_per_node(
-            node_inventory_section::Entity::find()
-                .all(&db)
-                .await
-                .expect("reading sections")
-                .into_iter()
-                .map(|row| row.node_id),
-        );
+        let sections = rows_per_node::<node_inventory_section::Entity>(s, |row| row.node_id).await;
         let stored_for = |id: &NodeId| sections.get(&id.to_string()).copied().unwrap_or(0);
         assert_eq!(
             (
@@ -454,14 +453,7 @@ async fn inventory_reports_stored_together_refuse_a_malformed_one_whole() {
             (7, 0, 0, 7),
             "only the accepted reports' sections are stored"
         );
-        let devices = rows_per_node(
-            node_device::Entity::find()
-                .all(&db)
-                .await
-                .expect("reading devices")
-                .into_iter()
-                .map(|row| row.node_id),
-        );
+        let devices = rows_per_node::<node_device::Entity>(s, |row| row.node_id).await;
         let devices_of = |id: &NodeId| devices.get(&id.to_string()).copied().unwrap_or(0);
         assert_eq!(
             devices.values().sum::<usize>(),
