@@ -5,8 +5,10 @@
 //! replica's commits) and, for each event that may free capacity
 //! ([`bc_core::placement::may_free_capacity`]), asks for a retry of the pool concerned. Pools
 //! asked for within [`RETRY_BATCH_WINDOW`] are retried together, each once. At rest, a fleet
-//! with pending reservations costs nothing but a [`SAFETY_SWEEP`] pass, which catches
-//! a retry that failed (a database error) or contention the placer skipped.
+//! with pending reservations costs nothing but a [`SAFETY_SWEEP`] pass, a safety net for
+//! anything the feed did not say. A retry that fails (a database error) is asked for again
+//! after [`FAILED_RETRY_BACKOFF`], so a transient error delays a placement by about a second,
+//! not a sweep.
 
 use bc_core::Actor;
 use bc_core::event::RecordedEvent;
@@ -30,6 +32,10 @@ pub const RETRY_BATCH_WINDOW: Duration = Duration::from_millis(50);
 pub const SAFETY_SWEEP: Duration = Duration::from_secs(60);
 /// How long the loop waits before following the feed again after it failed.
 const FEED_RETRY: Duration = Duration::from_secs(1);
+/// How long the loop waits before it retries pools whose retry failed (a busy or lost
+/// database): long enough not to spin on a database that is down, short enough that an
+/// operator does not notice.
+pub const FAILED_RETRY_BACKOFF: Duration = Duration::from_secs(1);
 
 /// What one expiry tick did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -78,17 +84,19 @@ fn request_retry(services: &Services, event: &RecordedEvent) {
     }
 }
 
-/// Retries the pending reservations of every pool asked for, once each.
-async fn retry_requested(services: &Services, actor: &Actor) {
+/// Retries the pending reservations of every pool asked for, once each. What failed is asked
+/// for again; returns whether anything failed, so the loop backs off before that retry.
+async fn retry_requested(services: &Services, actor: &Actor) -> bool {
     let asked = services.placement_retry.take();
-    let pools = match services.pools_to_retry(asked).await {
+    let pools = match services.pools_to_retry(&asked).await {
         Ok(pools) => pools,
         Err(err) => {
-            // Asked again by the next event, or by the safety sweep.
             tracing::warn!(code = err.code(), message = %err.message(), "finding the pools to retry failed");
-            return;
+            services.placement_retry.request_again(asked);
+            return true;
         }
     };
+    let mut failed = false;
     for pool in pools {
         match services.place_pending(&pool, actor).await {
             Ok(report) => {
@@ -101,9 +109,12 @@ async fn retry_requested(services: &Services, actor: &Actor) {
             }
             Err(err) => {
                 tracing::warn!(%pool, code = err.code(), message = %err.message(), "retrying pending reservations failed");
+                services.placement_retry.request(&pool);
+                failed = true;
             }
         }
     }
+    failed
 }
 
 /// Asks for a retry of every pool with pending reservations.
@@ -136,28 +147,29 @@ pub fn spawn_retry_loop(services: Services, feed: Arc<Feed>) -> JoinHandle<()> {
                         tokio::time::sleep(RETRY_BATCH_WINDOW).await;
                     }
                 }
-                retry_requested(&services, &actor).await;
+                if retry_requested(&services, &actor).await {
+                    tokio::time::sleep(FAILED_RETRY_BACKOFF).await;
+                }
             }
         }
     });
+    // The feed's head now, not read later in the task: every event committed after this
+    // function returns is followed, even if the task first runs after a request's commit.
+    let mut start = feed.head();
     tokio::spawn(async move {
         loop {
-            let start = match services.event_head().await {
-                Ok(head) => head,
-                Err(err) => {
-                    tracing::warn!(code = err.code(), message = %err.message(), "the placement loop cannot read the event head");
-                    tokio::time::sleep(FEED_RETRY).await;
-                    continue;
-                }
-            };
             let events = feed.subscribe_events(services.clone(), start);
             tokio::pin!(events);
             let mut failed = false;
             while let Some(item) = events.next().await {
                 match item {
-                    Ok(event) => request_retry(&services, &event),
+                    Ok(event) => {
+                        start = event.id.0;
+                        request_retry(&services, &event);
+                    }
                     Err(err) => {
-                        // Fell behind the feed: a full sweep replaces the events missed.
+                        // Fell behind the feed, or could not read it: resumed from the last
+                        // event seen, after a full sweep in case the feed stays unreadable.
                         tracing::debug!(code = err.code(), "the placement loop resumes the feed");
                         request_all(&services).await;
                         failed = true;
@@ -170,6 +182,7 @@ pub fn spawn_retry_loop(services: Services, feed: Arc<Feed>) -> JoinHandle<()> {
                 retries.abort();
                 return;
             }
+            tokio::time::sleep(FEED_RETRY).await;
         }
     })
 }

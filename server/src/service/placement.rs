@@ -389,12 +389,12 @@ impl Services {
     /// The pools a retry asked for, and those of the nodes it asked for that have pending
     /// reservations: the ones worth a placement pass. The nodes' pools are not looked up
     /// while no reservation waits anywhere, which is most of a fleet's bring-up.
-    pub async fn pools_to_retry(&self, asked: RetryAsked) -> ApiResult<Vec<PoolId>> {
-        let mut pools = asked.pools;
+    pub async fn pools_to_retry(&self, asked: &RetryAsked) -> ApiResult<Vec<PoolId>> {
+        let mut pools = asked.pools.clone();
         if !asked.nodes.is_empty() {
             let pending = self.pools_with_pending().await?;
             if !pending.is_empty() {
-                let nodes: Vec<NodeId> = asked.nodes.into_iter().collect();
+                let nodes: Vec<NodeId> = asked.nodes.iter().cloned().collect();
                 let of_nodes = super::store::nodes::pools_of(self.store.db(), &nodes).await?;
                 pools.extend(pending.into_iter().filter(|p| of_nodes.contains(p)));
             }
@@ -726,6 +726,15 @@ impl PlacementRetry {
         if inserted {
             self.wake.notify_one();
         }
+    }
+
+    /// Asks again for what a failed retry took.
+    pub fn request_again(&self, asked: RetryAsked) {
+        let mut pending = self.asked();
+        pending.pools.extend(asked.pools);
+        pending.nodes.extend(asked.nodes);
+        drop(pending);
+        self.wake.notify_one();
     }
 
     /// What was asked for since the last call.

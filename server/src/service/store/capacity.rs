@@ -1,28 +1,26 @@
 //! Capacity: nodes and GPUs of each pool by capacity bucket, computed in SQL with
 //! `schedulableSql`'s bucket expression.
 
+use super::schedule_sql;
 use anyhow::anyhow;
 use bc_core::schedule::CapacityBucket;
 use bc_entity::node;
 use sea_orm::sea_query::{Alias, Expr, ExprTrait};
 use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QuerySelect, QueryTrait};
-use std::collections::HashMap;
-
-use super::schedule_sql;
 
 /// Each node's capacity bucket as computed by the SQL expression, for the property test
 /// that compares it with the Rust predicate (through `test_support`).
 #[cfg(feature = "test-support")]
 pub async fn sql_buckets(
     conn: &impl ConnectionTrait,
-) -> anyhow::Result<HashMap<String, (CapacityBucket, bool)>> {
+) -> anyhow::Result<std::collections::HashMap<String, (CapacityBucket, bool)>> {
     let stmt = node::Entity::find()
         .select_only()
         .column(node::Column::Id)
         .expr_as(schedule_sql::bucket(), "bucket")
         .expr_as(schedule_sql::schedulable(), "schedulable")
         .build(conn.get_database_backend());
-    let mut out = HashMap::new();
+    let mut out = std::collections::HashMap::new();
     for row in conn.query_all_raw(stmt).await? {
         let id: String = row.try_get("", "id")?;
         let bucket: String = row.try_get("", "bucket")?;
