@@ -26,6 +26,8 @@ pub struct RunningServer {
     controllers: std::sync::Mutex<Option<ControllerLoop>>,
     /// The daemon-facing TLS listener.
     pub gateway: Option<crate::gateway::Gateway>,
+    /// The shared streams of live subscriptions.
+    pub subscription_hubs: Arc<crate::subscription_hubs::SubscriptionHubs>,
     /// Stops the live event feed.
     feed_stop: tokio::sync::watch::Sender<bool>,
     feed: Arc<crate::feed::Feed>,
@@ -142,8 +144,11 @@ pub async fn start(config: &Config, clock: Arc<dyn Clock>) -> anyhow::Result<Run
             "the dashboard is not built (no index.html); build it with scripts/build-web"
         );
     }
+    let subscription_hubs =
+        crate::subscription_hubs::SubscriptionHubs::new(schema.clone(), services.clone());
     let app = router(AppState {
         shutdown: feed_stopped,
+        hubs: subscription_hubs.clone(),
         schema,
         keys: keys.clone(),
         services: services.clone(),
@@ -195,6 +200,7 @@ pub async fn start(config: &Config, clock: Arc<dyn Clock>) -> anyhow::Result<Run
         services,
         controllers: std::sync::Mutex::new(controllers),
         gateway: Some(gateway),
+        subscription_hubs,
         feed_stop,
         feed,
         placement,

@@ -14,23 +14,34 @@
 //!   `api.ws_pong_timeout_secs` of a ping, or that does not take a frame for as long as
 //!   both together, is closed with 3008 (timeout).
 //!
+//! Live `events` subscriptions without a cursor do not run on the engine: the socket joins
+//! the hub of their shape (`subscription_hubs`), which resolves and serializes each event
+//! once for all its subscribers, and sends its payloads in its own `next` frames, ending
+//! them itself with `RESUME_REQUIRED` (fallen behind the hub) or `UNAUTHENTICATED` (the
+//! token expired).
+//!
 //! Metric: `bc_subscription_sockets_closed_total{reason}` for the closes above.
 
-use async_graphql::http::{WebSocket as Engine, WsMessage};
+use async_graphql::http::{ClientMessage, WebSocket as Engine, WebSocketProtocols, WsMessage};
 use axum::body::Bytes;
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
 use bc_core::clock::Clock;
 use chrono::{DateTime, Utc};
 use futures::{SinkExt, Stream, StreamExt};
+use std::collections::{HashMap, HashSet};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
+use tokio::sync::mpsc;
 use tokio::time::Instant;
+use tokio_stream::StreamMap;
+use tokio_stream::wrappers::BroadcastStream;
 
-use crate::auth::TokenKeys;
+use crate::auth::{Principal, TokenKeys};
 use crate::config::ApiConfig;
 use crate::graphql::AppSchema;
+use crate::subscription_hubs::{self, HubItem, SubscriptionHubs};
 
 /// `graphql-ws`: the client did not send `connection_init` in time.
 pub const CLOSE_INIT_TIMEOUT: u16 = 4408;
@@ -70,6 +81,10 @@ impl SocketLimits {
 struct Shared {
     /// The token's expiry, once `connection_init` carried a valid one.
     expires_at: Option<DateTime<Utc>>,
+    /// Who the token is, once `connection_init` carried a valid one.
+    principal: Option<Principal>,
+    /// The ids of the subscriptions served by hubs, not by the engine.
+    hub_ids: HashSet<String>,
     /// `connection_init` carried no valid token.
     refused: bool,
     /// A message arrived after the token expired; the reading side ended there.
@@ -86,11 +101,79 @@ fn lock(shared: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
 
 /// The client's messages for the engine: text and binary frames, until the client closes,
 /// fails, or sends a message after its token expired. Every frame, pings and pongs
-/// included, counts as a sign of life.
+/// included, counts as a sign of life. A subscription a hub can serve, and its `complete`,
+/// go to the socket's loop (`hub_requests`) instead.
 struct ClientMessages<S> {
     frames: S,
     shared: Arc<Mutex<Shared>>,
     clock: Arc<dyn Clock>,
+    hub_requests: mpsc::UnboundedSender<HubRequest>,
+    /// The ids of the subscriptions handed to the engine (until the client completes them).
+    engine_ids: HashSet<String>,
+}
+
+/// What the socket's loop is asked to do with a hub.
+enum HubRequest {
+    Join {
+        id: String,
+        request: Box<async_graphql::Request>,
+        principal: Principal,
+    },
+    Complete {
+        id: String,
+    },
+}
+
+impl<S> ClientMessages<S> {
+    /// Routes one client message: `Some` for the engine, `None` when a hub took it. A new
+    /// subscription replaces one with the same id, whichever side held it, as the engine
+    /// does.
+    fn route(
+        &mut self,
+        data: Bytes,
+        principal: Option<&Principal>,
+        hub_ids: &mut HashSet<String>,
+    ) -> Option<Bytes> {
+        match ClientMessage::from_bytes(&data) {
+            Ok(ClientMessage::Start { id, payload }) => {
+                if let Some(principal) = principal
+                    && SubscriptionHubs::shareable(&payload)
+                {
+                    hub_ids.insert(id.clone());
+                    let replaces = self.engine_ids.remove(&id);
+                    let _ = self.hub_requests.send(HubRequest::Join {
+                        id: id.clone(),
+                        request: Box::new(payload),
+                        principal: principal.clone(),
+                    });
+                    // The engine's subscription with this id ends (with its `complete`).
+                    return replaces.then(|| stop_message(&id));
+                }
+                if hub_ids.remove(&id) {
+                    let _ = self
+                        .hub_requests
+                        .send(HubRequest::Complete { id: id.clone() });
+                }
+                self.engine_ids.insert(id);
+                Some(data)
+            }
+            Ok(ClientMessage::Stop { id }) => {
+                if hub_ids.remove(&id) {
+                    let _ = self.hub_requests.send(HubRequest::Complete { id });
+                    return None;
+                }
+                self.engine_ids.remove(&id);
+                Some(data)
+            }
+            // Everything else, malformed messages included, is the engine's to answer.
+            _ => Some(data),
+        }
+    }
+}
+
+/// A client's `complete` for `id`, as the engine reads it.
+fn stop_message(id: &str) -> Bytes {
+    Bytes::from(serde_json::json!({ "type": "complete", "id": id }).to_string())
 }
 
 impl<S> Stream for ClientMessages<S>
@@ -107,7 +190,8 @@ where
                 Poll::Ready(Some(Ok(frame))) => frame,
             };
             let now = self.clock.now();
-            let mut shared = lock(&self.shared);
+            let shared_state = self.shared.clone();
+            let mut shared = lock(&shared_state);
             shared.last_heard = Some(Instant::now());
             let data = match frame {
                 Message::Text(text) => Bytes::from(text),
@@ -122,7 +206,13 @@ where
                 shared.arrived_expired = true;
                 return Poll::Ready(None);
             }
-            return Poll::Ready(Some(data));
+            let Shared {
+                principal, hub_ids, ..
+            } = &mut *shared;
+            match self.route(data, principal.as_ref(), hub_ids) {
+                Some(data) => return Poll::Ready(Some(data)),
+                None => continue,
+            }
         }
     }
 }
@@ -151,10 +241,12 @@ impl Closing {
 
 /// Serves one upgraded socket until either side ends it, the limits close it, or the
 /// server stops (`shutdown`).
+#[allow(clippy::too_many_arguments)]
 pub async fn serve(
     socket: WebSocket,
     schema: AppSchema,
-    protocol: async_graphql::http::WebSocketProtocols,
+    hubs: Arc<SubscriptionHubs>,
+    protocol: WebSocketProtocols,
     keys: Arc<TokenKeys>,
     clock: Arc<dyn Clock>,
     limits: SocketLimits,
@@ -163,11 +255,15 @@ pub async fn serve(
     metrics::gauge!("bc_subscription_connections").increment(1.0);
     let (mut sink, frames) = socket.split();
     let shared = Arc::new(Mutex::new(Shared::default()));
+    let (hub_requests, mut hub_requested) = mpsc::unbounded_channel();
     let messages = ClientMessages {
         frames,
         shared: shared.clone(),
         clock: clock.clone(),
+        hub_requests,
+        engine_ids: HashSet::new(),
     };
+    let mut hub_subscriptions = HubSubscriptions::new(protocol);
     let on_init = {
         let shared = shared.clone();
         let clock = clock.clone();
@@ -177,6 +273,7 @@ pub async fn serve(
             match verified {
                 Ok(principal) => {
                     shared.expires_at = Some(principal.expires_at);
+                    shared.principal = Some(principal.clone());
                     let mut data = async_graphql::Data::default();
                     data.insert(principal);
                     Ok(data)
@@ -204,6 +301,10 @@ pub async fn serve(
     let mut expiry_armed = false;
     let expiry = tokio::time::sleep(Duration::ZERO);
     tokio::pin!(expiry);
+    // Armed by the first hub subscription.
+    let mut hub_expiry_armed = false;
+    let hub_expiry = tokio::time::sleep(Duration::ZERO);
+    tokio::pin!(hub_expiry);
 
     let closing: Option<Closing> = loop {
         tokio::select! {
@@ -226,11 +327,34 @@ pub async fn serve(
                 }
                 None => break lock(&shared).arrived_expired.then(Closing::expired),
             },
+            Some(request) = hub_requested.recv() => {
+                if let HubRequest::Join { principal, .. } = &request
+                    && !hub_expiry_armed
+                {
+                    hub_expiry.as_mut().reset(Instant::now() + until(principal.expires_at, Utc::now()));
+                    hub_expiry_armed = true;
+                }
+                if !hub_subscriptions.handle(request, &hubs, &mut sink, limits.write_timeout()).await {
+                    break Some(Closing::ours(CLOSE_KEEPALIVE_TIMEOUT, "the client does not read", "write_timeout"));
+                }
+            }
+            Some((id, delivery)) = hub_subscriptions.streams.next(), if !hub_subscriptions.streams.is_empty() => {
+                if !hub_subscriptions.deliver(id, delivery, &mut sink, limits.write_timeout()).await {
+                    break Some(Closing::ours(CLOSE_KEEPALIVE_TIMEOUT, "the client does not read", "write_timeout"));
+                }
+            }
             () = &mut init_deadline, if lock(&shared).expires_at.is_none() => {
                 break Some(Closing::ours(CLOSE_INIT_TIMEOUT, "Connection initialisation timeout", "init_timeout"));
             }
+            // Hub subscriptions end when the token expires by the wall clock, as the
+            // engine's own do (`graphql::subscription::until_expiry`); later ones at once.
+            () = &mut hub_expiry, if hub_expiry_armed => {
+                hub_expiry_armed = false;
+                hub_subscriptions.end_all(&mut sink, limits.write_timeout()).await;
+            }
             () = &mut expiry, if expiry_armed => {
-                match lock(&shared).expires_at {
+                let expires_at = lock(&shared).expires_at;
+                match expires_at {
                     Some(expires_at) if clock.now() < expires_at => {
                         // The clock is not the timer's (a test's manual clock): look again.
                         expiry.as_mut().reset(Instant::now() + until(expires_at, clock.now()));
@@ -280,6 +404,156 @@ pub async fn serve(
     metrics::gauge!("bc_subscription_connections").decrement(1.0);
 }
 
+/// What a hub subscription's stream yields to the socket's loop.
+enum HubDelivery {
+    Payload(Arc<HubItem>),
+    /// The subscriber fell more than `HUB_BUFFER` payloads behind.
+    FellBehind,
+    /// The hub's stream ended.
+    Ended,
+}
+
+type HubStream = Pin<Box<dyn Stream<Item = HubDelivery> + Send>>;
+
+/// The socket's subscriptions served by hubs.
+struct HubSubscriptions {
+    /// `next` (graphql-transport-ws) or `data` (the older graphql-ws).
+    next_type: &'static str,
+    streams: StreamMap<String, HubStream>,
+    /// Each subscription's id as JSON, and the cursor of the last event it was sent.
+    subscriptions: HashMap<String, (String, i64)>,
+}
+
+impl HubSubscriptions {
+    fn new(protocol: WebSocketProtocols) -> HubSubscriptions {
+        HubSubscriptions {
+            next_type: match protocol {
+                WebSocketProtocols::GraphQLWS => "next",
+                WebSocketProtocols::SubscriptionsTransportWS => "data",
+            },
+            streams: StreamMap::new(),
+            subscriptions: HashMap::new(),
+        }
+    }
+
+    /// Joins a hub or leaves one, as the client asked. False if the socket failed.
+    async fn handle(
+        &mut self,
+        request: HubRequest,
+        hubs: &Arc<SubscriptionHubs>,
+        sink: &mut Sink,
+        timeout: Duration,
+    ) -> bool {
+        match request {
+            HubRequest::Join {
+                id,
+                request,
+                principal,
+            } => {
+                // A subscription with the same id is replaced, without a `complete`.
+                self.forget(&id);
+                let id_json = serde_json::Value::from(id.as_str()).to_string();
+                match hubs.join(*request, &principal).await {
+                    Ok(joined) => {
+                        let stream = BroadcastStream::new(joined.payloads)
+                            .map(|received| match received {
+                                Ok(item) => HubDelivery::Payload(item),
+                                Err(_lagged) => HubDelivery::FellBehind,
+                            })
+                            .chain(futures::stream::iter([HubDelivery::Ended]));
+                        self.streams.insert(id.clone(), Box::pin(stream));
+                        self.subscriptions.insert(id, (id_json, joined.cursor));
+                        true
+                    }
+                    Err(err) => {
+                        let payload = subscription_hubs::error_payload(err);
+                        send_next(self.next_type, sink, &id_json, &payload, timeout).await
+                            && send(sink, complete_frame(&id_json), timeout).await
+                    }
+                }
+            }
+            HubRequest::Complete { id } => match self.forget(&id) {
+                Some(id_json) => send(sink, complete_frame(&id_json), timeout).await,
+                None => true,
+            },
+        }
+    }
+
+    /// Sends what a hub delivered for subscription `id`. False if the socket failed.
+    async fn deliver(
+        &mut self,
+        id: String,
+        delivery: HubDelivery,
+        sink: &mut Sink,
+        timeout: Duration,
+    ) -> bool {
+        let Some((id_json, cursor)) = self.subscriptions.get_mut(&id) else {
+            return true;
+        };
+        match delivery {
+            HubDelivery::Payload(item) => {
+                *cursor = item.cursor;
+                let id_json = id_json.clone();
+                send_next(self.next_type, sink, &id_json, &item.payload, timeout).await
+            }
+            HubDelivery::FellBehind => {
+                metrics::counter!("bc_feed_subscribers_lagged_total").increment(1);
+                let payload =
+                    subscription_hubs::error_payload(subscription_hubs::resume_required(*cursor));
+                let id_json = id_json.clone();
+                self.forget(&id);
+                send_next(self.next_type, sink, &id_json, &payload, timeout).await
+                    && send(sink, complete_frame(&id_json), timeout).await
+            }
+            HubDelivery::Ended => {
+                let id_json = id_json.clone();
+                self.forget(&id);
+                send(sink, complete_frame(&id_json), timeout).await
+            }
+        }
+    }
+
+    /// Ends every hub subscription with `UNAUTHENTICATED`: the token expired.
+    async fn end_all(&mut self, sink: &mut Sink, timeout: Duration) {
+        let payload =
+            subscription_hubs::error_payload(crate::graphql::subscription::token_expired());
+        let ids: Vec<String> = self.subscriptions.keys().cloned().collect();
+        for id in ids {
+            if let Some(id_json) = self.forget(&id)
+                && !(send_next(self.next_type, sink, &id_json, &payload, timeout).await
+                    && send(sink, complete_frame(&id_json), timeout).await)
+            {
+                return;
+            }
+        }
+    }
+
+    /// Stops following subscription `id`; its id as JSON, if it was one.
+    fn forget(&mut self, id: &str) -> Option<String> {
+        self.streams.remove(id);
+        self.subscriptions.remove(id).map(|(id_json, _)| id_json)
+    }
+}
+
+/// A `next` (or `data`) frame of the subscription `id_json` carrying `payload`. False if the
+/// socket failed.
+async fn send_next(
+    next_type: &str,
+    sink: &mut Sink,
+    id_json: &str,
+    payload: &str,
+    timeout: Duration,
+) -> bool {
+    let frame = format!(r#"{{"type":"{next_type}","id":{id_json},"payload":{payload}}}"#);
+    send(sink, Message::Text(frame.into()), timeout).await
+}
+
+fn complete_frame(id_json: &str) -> Message {
+    Message::Text(format!(r#"{{"type":"complete","id":{id_json}}}"#).into())
+}
+
+type Sink = futures::stream::SplitSink<WebSocket, Message>;
+
 /// A close frame carries at most 123 bytes of reason (RFC 6455, 5.5): longer ones are cut
 /// at a character boundary.
 fn close_reason(mut reason: String) -> String {
@@ -301,11 +575,7 @@ fn until(expires_at: DateTime<Utc>, now: DateTime<Utc>) -> Duration {
 
 /// Sends one frame within `timeout`; false if the socket failed or the peer did not take
 /// it in time.
-async fn send(
-    sink: &mut futures::stream::SplitSink<WebSocket, Message>,
-    message: Message,
-    timeout: Duration,
-) -> bool {
+async fn send(sink: &mut Sink, message: Message, timeout: Duration) -> bool {
     matches!(
         tokio::time::timeout(timeout, sink.send(message)).await,
         Ok(Ok(()))

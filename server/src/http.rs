@@ -24,6 +24,8 @@ use crate::service::Services;
 #[derive(Clone)]
 pub struct AppState {
     pub schema: AppSchema,
+    /// The shared streams of live subscriptions (`subscription_hubs`).
+    pub hubs: Arc<crate::subscription_hubs::SubscriptionHubs>,
     /// Fires when the server stops: open subscription sockets close then.
     pub shutdown: tokio::sync::watch::Receiver<bool>,
     pub keys: Arc<TokenKeys>,
@@ -402,6 +404,7 @@ async fn graphql_get(State(state): State<AppState>, request: axum::extract::Requ
             Err(rejection) => return rejection.into_response(),
         };
     let schema = state.schema.clone();
+    let hubs = state.hubs.clone();
     let keys = state.keys.clone();
     let clock = state.services.clock.clone();
     let limits = crate::graphql_ws::SocketLimits::from_config(&state.limits);
@@ -413,7 +416,9 @@ async fn graphql_get(State(state): State<AppState>, request: axum::extract::Requ
         .max_frame_size(state.limits.max_body_bytes)
         .protocols(async_graphql::http::ALL_WEBSOCKET_PROTOCOLS)
         .on_upgrade(move |socket| {
-            crate::graphql_ws::serve(socket, schema, protocol, keys, clock, limits, shutdown)
+            crate::graphql_ws::serve(
+                socket, schema, hubs, protocol, keys, clock, limits, shutdown,
+            )
         })
 }
 

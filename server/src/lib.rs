@@ -17,4 +17,5 @@ pub mod listener;
 pub mod pki;
 pub mod private_file;
 pub mod service;
+pub mod subscription_hubs;
 pub mod telemetry;

@@ -367,7 +367,7 @@ impl QueryRoot {
         connection.edges.extend(
             page.items
                 .into_iter()
-                .map(|e| Edge::new(e.id.to_string(), Event(e))),
+                .map(|e| Edge::new(e.id.to_string(), Event::new(e))),
         );
         Ok(connection)
     }

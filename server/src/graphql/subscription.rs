@@ -19,6 +19,7 @@ use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::feed::{Feed, FeedEvent};
 use crate::service::NodeFilter;
+use crate::subscription_hubs::HubCursor;
 
 /// The `Subscription` root (named so in the schema, as clients and tools expect).
 pub struct SubscriptionRoot;
@@ -96,6 +97,11 @@ pub(super) fn visible(principal: &Principal, event: &RecordedEvent) -> bool {
     principal.can_see(event.tenant_id.as_ref())
 }
 
+/// What a subscription ends with when its token expires.
+pub fn token_expired() -> ApiError {
+    ApiError::Unauthenticated("the token expired; subscribe again with a fresh one".into())
+}
+
 /// Ends `stream` with `UNAUTHENTICATED` when the token expires.
 pub(super) fn until_expiry<T: Send + 'static>(
     stream: impl Stream<Item = async_graphql::Result<T>> + Send + 'static,
@@ -113,7 +119,7 @@ pub(super) fn until_expiry<T: Send + 'static>(
                     None => return,
                 },
                 () = &mut deadline => {
-                    yield Err(ApiError::Unauthenticated("the token expired; subscribe again with a fresh one".into()).into());
+                    yield Err(token_expired().into());
                     return;
                 }
             }
@@ -401,10 +407,14 @@ impl SubscriptionRoot {
         let services = services(ctx)?.clone();
         let principal = principal(ctx)?.clone();
         let feed = ctx.data::<Arc<Feed>>()?.clone();
+        // A hub's stream (see `subscription_hubs`) starts where the hub does and reports each
+        // event it yields, so the hub can tell its subscribers their cursor.
+        let hub_cursor = ctx.data_opt::<HubCursor>().cloned();
         // From now: the table's head, which the feed may not have read yet.
-        let start = match start_cursor(after.as_ref())? {
-            Some(start) => start,
-            None => services.event_head().await?,
+        let start = match (start_cursor(after.as_ref())?, &hub_cursor) {
+            (Some(start), _) => start,
+            (None, Some(hub)) => hub.get(),
+            (None, None) => services.event_head().await?,
         };
         // The backlog ends at the head the live part starts after: no gap, no duplicate.
         let backlog = match last {
@@ -422,12 +432,19 @@ impl SubscriptionRoot {
             .filter_map(move |item| {
                 let out = match item {
                     Err(err) => Some(Err(err.into())),
-                    Ok(event) => (visible(&principal, &event) && filter.matches(&event))
-                        .then(|| Ok(Event(RecordedEvent::clone(&event)))),
+                    Ok(event) => {
+                        (visible(&principal, &event) && filter.matches(&event)).then(|| {
+                            if let Some(hub) = &hub_cursor {
+                                hub.advance(event.id.0);
+                            }
+                            Ok(Event(event))
+                        })
+                    }
                 };
                 futures::future::ready(out)
             });
-        let stream = futures::stream::iter(backlog.into_iter().map(|e| Ok(Event(e)))).chain(live);
+        let stream =
+            futures::stream::iter(backlog.into_iter().map(|e| Ok(Event::new(e)))).chain(live);
         Ok(until_expiry(stream, expires_at))
     }
 

@@ -631,7 +631,7 @@ impl NodeDetail {
         connection.edges.extend(
             events
                 .into_iter()
-                .map(|e| async_graphql::connection::Edge::new(e.id.to_string(), Event(e))),
+                .map(|e| async_graphql::connection::Edge::new(e.id.to_string(), Event::new(e))),
         );
         Ok(connection)
     }
@@ -1050,8 +1050,16 @@ pub struct Schedulability {
 }
 
 /// An entry of the durable event log. The type, axis and actor are typed in the domain and
-/// rendered here in their stored spelling.
-pub struct Event(pub RecordedEvent);
+/// rendered here in their stored spelling. Shared, not copied: a live event reaches every
+/// subscriber as the same `Arc`.
+pub struct Event(pub std::sync::Arc<RecordedEvent>);
+
+impl Event {
+    /// An event read from the log (not shared with the feed).
+    pub fn new(event: RecordedEvent) -> Event {
+        Event(std::sync::Arc::new(event))
+    }
+}
 
 /// An entry of the durable event log: one change (or other happening) with who did it, why
 /// and when. Events are never deleted, so they are a node's full history.
@@ -1109,8 +1117,8 @@ impl Event {
     /// first event of each version, `rebuild` (a JSON Patch from the previous version, or every
     /// 32nd version a `snapshot` of the whole record: what `nodeAsOf` folds). For commands,
     /// the command's status fields; for the others, what was created.
-    async fn data(&self) -> Json<serde_json::Value> {
-        Json(self.0.data.clone())
+    async fn data(&self) -> Json<&serde_json::Value> {
+        Json(&self.0.data)
     }
     /// When it happened, by the control plane's clock.
     async fn at(&self) -> DateTime<Utc> {

@@ -832,98 +832,255 @@ async fn append_chunk(s: &TestServer, chunk: usize) {
 /// A subscriber that stops reading falls more than `FEED_BUFFER` events behind while a
 /// fast one on another connection receives every event; when the slow one reads again it
 /// gets what was buffered for it, then `RESUME_REQUIRED` with its cursor, and resubscribing
-/// from that cursor yields the rest: nothing lost, nothing twice.
+/// from that cursor yields the rest: nothing lost, nothing twice. Both with a cursor (each
+/// subscriber follows the feed itself) and without (both share one hub, which holds as many
+/// payloads for a slow subscriber as the feed holds events).
 #[tokio::test]
 async fn a_slow_subscriber_is_told_to_resume_and_loses_nothing() {
     each_backend(async |s| {
-        let start = head(s).await;
-        let mut slow_options = ConnectOptions::bearer(s.admin_token());
-        slow_options.recv_buffer_bytes = Some(SLOW_RCVBUF);
-        let mut slow = SubscriptionClient::connect_with(&s.url(), &slow_options)
-            .await
-            .expect("connecting the slow client");
-        slow.subscribe("slow", EVENTS, json!({ "after": cursor(start) }))
-            .await
-            .expect("subscribing");
-        let mut fast = connect(s).await;
-        fast.subscribe("fast", EVENTS, json!({ "after": cursor(start) }))
-            .await
-            .expect("subscribing");
+        slow_and_fast(s, true).await;
+        slow_and_fast(s, false).await;
+    })
+    .await;
+}
 
-        // Chunk by chunk, the fast client reads each chunk before the next is written, so it
-        // never falls behind; the slow one reads nothing. Enough chunks that, after every
-        // buffer between the server and the slow client is full, more than FEED_BUFFER
-        // events are left.
-        let mut fast_got: Vec<Value> = Vec::new();
-        let mut chunks = 0;
-        let mut needed = usize::MAX;
-        while chunks * CHUNK < needed {
-            append_chunk(s, chunks).await;
-            chunks += 1;
-            let last = head(s).await;
-            let got = events_through(&mut fast, "fast", last).await;
-            if needed == usize::MAX {
-                let smallest = got
-                    .iter()
-                    .map(|e| e.to_string().len())
-                    .min()
-                    .expect("a chunk of events");
-                needed =
-                    FEED_BUFFER + (socket_buffer_bound() + SERVER_WS_BUFFER) / smallest + CHUNK;
-            }
-            fast_got.extend(got);
+/// One case of [`a_slow_subscriber_is_told_to_resume_and_loses_nothing`]: both subscribe
+/// from the head (`from_cursor`) or from now (without a cursor: through a hub).
+async fn slow_and_fast(s: &TestServer, from_cursor: bool) {
+    let head_before = head(s).await;
+    let variables = if from_cursor {
+        json!({ "after": cursor(head_before) })
+    } else {
+        json!({})
+    };
+    let mut slow_options = ConnectOptions::bearer(s.admin_token());
+    slow_options.recv_buffer_bytes = Some(SLOW_RCVBUF);
+    let mut slow = SubscriptionClient::connect_with(&s.url(), &slow_options)
+        .await
+        .expect("connecting the slow client");
+    slow.subscribe("slow", EVENTS, variables.clone())
+        .await
+        .expect("subscribing");
+    let mut fast = connect(s).await;
+    fast.subscribe("fast", EVENTS, variables)
+        .await
+        .expect("subscribing");
+    if !from_cursor {
+        // A subscription from now starts once the server has read it: an event written
+        // after both are following is received by both.
+        wait_until_live(s, &mut fast, "fast").await;
+    }
+
+    // Chunk by chunk, the fast client reads each chunk before the next is written, so it
+    // never falls behind; the slow one reads nothing. Enough chunks that, after every
+    // buffer between the server and the slow client is full, more than FEED_BUFFER
+    // events are left.
+    let mut fast_got: Vec<Value> = Vec::new();
+    let mut chunks = 0;
+    let mut needed = usize::MAX;
+    while chunks * CHUNK < needed {
+        append_chunk(s, chunks).await;
+        chunks += 1;
+        let last = head(s).await;
+        let got = events_through(&mut fast, "fast", last).await;
+        if needed == usize::MAX {
+            let smallest = got
+                .iter()
+                .map(|e| e.to_string().len())
+                .min()
+                .expect("a chunk of events");
+            needed = FEED_BUFFER + (socket_buffer_bound() + SERVER_WS_BUFFER) / smallest + CHUNK;
         }
-        let table = table_after(s, start).await;
-        assert!(
-            table.len() > FEED_BUFFER + CHUNK,
-            "{} events written",
-            table.len()
-        );
-        assert_same_events(&fast_got, &table, "the fast client");
+        fast_got.extend(got);
+    }
+    // Without a cursor, each started after the last event before its first.
+    let start = if from_cursor {
+        head_before
+    } else {
+        seq(&fast_got[0]["id"]) - 1
+    };
+    let table = table_after(s, start).await;
+    assert!(
+        table.len() > FEED_BUFFER + CHUNK,
+        "{} events written",
+        table.len()
+    );
+    assert_same_events(&fast_got, &table, "the fast client");
 
-        // The slow client reads: buffered events, then RESUME_REQUIRED with its cursor.
-        let mut slow_got: Vec<Value> = Vec::new();
-        let resume_at = loop {
-            let message = slow
-                .next("slow", WAIT)
-                .await
-                .expect("the slow client's next message");
-            if let Some(data) = message.data() {
-                slow_got.push(data["events"].clone());
-                continue;
-            }
-            assert_eq!(
-                message.error_code(),
-                Some("RESUME_REQUIRED"),
-                "the slow client is told to resume: {message:?}"
-            );
-            let error = message.first_error().expect("an error");
-            let at = seq(&error["extensions"]["cursor"]);
-            let delivered = slow_got.last().map_or(start, |e| seq(&e["id"]));
-            assert_eq!(at, delivered, "the cursor is the last event delivered");
-            break at;
-        };
-        assert!(slow_got.len() < table.len(), "the slow client fell behind");
+    // The slow client reads: buffered events, then RESUME_REQUIRED with its cursor.
+    let mut slow_got: Vec<Value> = Vec::new();
+    let resume_at = loop {
+        let message = slow
+            .next("slow", WAIT)
+            .await
+            .expect("the slow client's next message");
+        if let Some(data) = message.data() {
+            slow_got.push(data["events"].clone());
+            continue;
+        }
         assert_eq!(
-            slow.next("slow", WAIT)
+            message.error_code(),
+            Some("RESUME_REQUIRED"),
+            "the slow client is told to resume: {message:?}"
+        );
+        let error = message.first_error().expect("an error");
+        let at = seq(&error["extensions"]["cursor"]);
+        let delivered = slow_got.last().map_or(start, |e| seq(&e["id"]));
+        assert_eq!(at, delivered, "the cursor is the last event delivered");
+        break at;
+    };
+    assert!(slow_got.len() < table.len(), "the slow client fell behind");
+    assert_eq!(
+        slow.next("slow", WAIT)
+            .await
+            .expect("the end of the subscription"),
+        SubMessage::Complete
+    );
+
+    // Resubscribing from the cursor yields the rest.
+    slow.subscribe("again", EVENTS, json!({ "after": cursor(resume_at) }))
+        .await
+        .expect("resubscribing");
+    let last = table.last().map_or(start, |e| e.id.0);
+    slow_got.extend(events_through(&mut slow, "again", last).await);
+    let slow_start = seq(&slow_got[0]["id"]) - 1;
+    assert_same_events(
+        &slow_got,
+        &table_after(s, slow_start).await,
+        "the slow client, before and after resuming",
+    );
+    slow.close().await;
+    fast.close().await;
+}
+
+/// Waits until subscription `id` (from now) of `client` follows the feed: writes marker
+/// events until one arrives, and reads every event up to it.
+async fn wait_until_live(s: &TestServer, client: &mut SubscriptionClient, id: &str) {
+    // Each try waits half a second for its marker: as long as [`WAIT`] in all.
+    for _ in 0..60 {
+        append_chunk(s, usize::MAX).await;
+        let marker = head(s).await;
+        if let Ok(Some(event)) = tokio::time::timeout(
+            Duration::from_millis(500),
+            client.next_data(id, "events", WAIT),
+        )
+        .await
+        .map(|e| e.ok())
+        {
+            let mut newest = seq(&event["id"]);
+            while newest < marker {
+                newest = seq(&client
+                    .next_data(id, "events", WAIT)
+                    .await
+                    .expect("the marker")["id"]);
+            }
+            return;
+        }
+    }
+    panic!("subscription {id} did not start following the feed within {WAIT:?}");
+}
+
+/// Subscribers of one shape (document, variables, role and tenant) share one hub, which
+/// sends each of them every event; another role gets a hub of its own, a subscription with
+/// a cursor none; the hub ends when its last subscriber leaves. A client that completes one
+/// subscription is told so and the others go on.
+#[tokio::test]
+async fn subscribers_of_one_shape_share_one_hub() {
+    each_backend(async |s| {
+        let hubs = &s.server.subscription_hubs;
+        let mut nodes = fleet(s, 2).await;
+        let mut admins = Vec::new();
+        for _ in 0..3 {
+            let mut client = connect(s).await;
+            client
+                .subscribe("e", EVENTS, json!({}))
                 .await
-                .expect("the end of the subscription"),
+                .expect("subscribing");
+            wait_until_live(s, &mut client, "e").await;
+            admins.push(client);
+        }
+        assert_eq!(hubs.len(), 1, "one hub for three admins");
+        let viewer_token = s.mint("watcher", Role::Viewer, None, ChronoDuration::hours(1));
+        let mut viewer = SubscriptionClient::connect(&s.url(), &viewer_token)
+            .await
+            .expect("a viewer connects");
+        viewer
+            .subscribe("e", EVENTS, json!({}))
+            .await
+            .expect("subscribing");
+        wait_until_live(s, &mut viewer, "e").await;
+        assert_eq!(hubs.len(), 2, "a viewer's subscription is another shape");
+        // A last marker every subscriber is sent: each reads up to it, so what follows is
+        // the changes below.
+        append_chunk(s, usize::MAX).await;
+        let from_cursor = head(s).await;
+        for client in admins.iter_mut() {
+            events_through(client, "e", from_cursor).await;
+        }
+        events_through(&mut viewer, "e", from_cursor).await;
+        viewer
+            .subscribe("c", EVENTS, json!({ "after": cursor(from_cursor) }))
+            .await
+            .expect("subscribing");
+        assert_eq!(
+            hubs.len(),
+            2,
+            "a subscription from a cursor is the subscriber's own"
+        );
+
+        // Every subscriber receives every change, in order, with the same payload.
+        for node in &mut nodes {
+            bump(s, node).await;
+        }
+        let table = table_after(s, from_cursor).await;
+        let last = table.last().expect("the changes").id.0;
+        let mut payloads = Vec::new();
+        for client in admins.iter_mut() {
+            let got = events_through(client, "e", last).await;
+            assert_same_events(&got, &table, "an admin");
+            payloads.push(got);
+        }
+        assert!(
+            payloads.windows(2).all(|p| p[0] == p[1]),
+            "one payload for all"
+        );
+        assert_same_events(
+            &events_through(&mut viewer, "e", last).await,
+            &table,
+            "the viewer",
+        );
+        assert_same_events(
+            &events_through(&mut viewer, "c", last).await,
+            &table,
+            "from the cursor",
+        );
+
+        // One admin completes: it is told so; the hub goes on for the others.
+        admins[0].complete("e").await.expect("completing");
+        assert_eq!(
+            admins[0].next("e", WAIT).await.expect("the end"),
             SubMessage::Complete
         );
+        bump(s, &mut nodes[0]).await;
+        let newest = head(s).await;
+        for client in admins.iter_mut().skip(1) {
+            events_through(client, "e", newest).await;
+        }
 
-        // Resubscribing from the cursor yields the rest.
-        slow.subscribe("again", EVENTS, json!({ "after": cursor(resume_at) }))
-            .await
-            .expect("resubscribing");
-        let last = table.last().map_or(start, |e| e.id.0);
-        slow_got.extend(events_through(&mut slow, "again", last).await);
-        assert_same_events(
-            &slow_got,
-            &table,
-            "the slow client, before and after resuming",
-        );
-        slow.close().await;
-        fast.close().await;
+        // Once every subscriber of a shape has left, its hub ends.
+        for client in admins {
+            client.close().await;
+        }
+        viewer.close().await;
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while !hubs.is_empty() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{} hubs left",
+                hubs.len()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     })
     .await;
 }
