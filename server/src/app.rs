@@ -144,8 +144,11 @@ pub async fn start(config: &Config, clock: Arc<dyn Clock>) -> anyhow::Result<Run
             "the dashboard is not built (no index.html); build it with scripts/build-web"
         );
     }
-    let subscription_hubs =
-        crate::subscription_hubs::SubscriptionHubs::new(schema.clone(), services.clone());
+    let subscription_hubs = crate::subscription_hubs::SubscriptionHubs::new(
+        schema.clone(),
+        feed.clone(),
+        config.graphql.max_query_bytes,
+    );
     let app = router(AppState {
         shutdown: feed_stopped,
         hubs: subscription_hubs.clone(),

@@ -14,11 +14,11 @@
 //!   `api.ws_pong_timeout_secs` of a ping, or that does not take a frame for as long as
 //!   both together, is closed with 3008 (timeout).
 //!
-//! Live `events` subscriptions without a cursor do not run on the engine: the socket joins
-//! the hub of their shape (`subscription_hubs`), which resolves and serializes each event
+//! Live `events` subscriptions a hub can serve (`subscription_hubs`) do not run on the
+//! engine: the socket joins the hub of their shape, which resolves and serializes each event
 //! once for all its subscribers, and sends its payloads in its own `next` frames, ending
 //! them itself with `RESUME_REQUIRED` (fallen behind the hub) or `UNAUTHENTICATED` (the
-//! token expired).
+//! token expired, by the wall clock, as the engine's own subscriptions end).
 //!
 //! Metric: `bc_subscription_sockets_closed_total{reason}` for the closes above.
 
@@ -28,12 +28,12 @@ use axum::extract::ws::{CloseFrame, Message, WebSocket};
 use bc_core::clock::Clock;
 use chrono::{DateTime, Utc};
 use futures::{SinkExt, Stream, StreamExt};
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::sync::mpsc;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_stream::StreamMap;
 use tokio_stream::wrappers::BroadcastStream;
@@ -41,7 +41,7 @@ use tokio_stream::wrappers::BroadcastStream;
 use crate::auth::{Principal, TokenKeys};
 use crate::config::ApiConfig;
 use crate::graphql::AppSchema;
-use crate::subscription_hubs::{self, HubItem, SubscriptionHubs};
+use crate::subscription_hubs::{self, HubItem, Joined, SharedField, SubscriptionHubs};
 
 /// `graphql-ws`: the client did not send `connection_init` in time.
 pub const CLOSE_INIT_TIMEOUT: u16 = 4408;
@@ -51,6 +51,10 @@ pub const CLOSE_FORBIDDEN: u16 = 4403;
 pub const CLOSE_KEEPALIVE_TIMEOUT: u16 = 3008;
 /// RFC 6455 "going away": the server is stopping.
 pub const CLOSE_GOING_AWAY: u16 = 1001;
+/// Hub subscriptions one socket may hold; more run on the engine. Each new shape allocates a
+/// hub's buffer ([`subscription_hubs::HUB_BUFFER`] slots, about 160 KB), so one client
+/// cannot make the server allocate them without bound; a dashboard holds a handful.
+pub const MAX_HUB_SUBSCRIPTIONS_PER_SOCKET: usize = 64;
 
 /// The time limits of a subscription socket (`[api]`).
 #[derive(Debug, Clone, Copy)]
@@ -85,6 +89,8 @@ struct Shared {
     principal: Option<Principal>,
     /// The ids of the subscriptions served by hubs, not by the engine.
     hub_ids: HashSet<String>,
+    /// What the client asked of its hub subscriptions, for the socket's loop.
+    hub_requests: VecDeque<HubRequest>,
     /// `connection_init` carried no valid token.
     refused: bool,
     /// A message arrived after the token expired; the reading side ended there.
@@ -101,79 +107,71 @@ fn lock(shared: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
 
 /// The client's messages for the engine: text and binary frames, until the client closes,
 /// fails, or sends a message after its token expired. Every frame, pings and pongs
-/// included, counts as a sign of life. A subscription a hub can serve, and its `complete`,
-/// go to the socket's loop (`hub_requests`) instead.
+/// included, counts as a sign of life. A subscription a hub serves is joined here, and it
+/// and its `complete` go to the socket's loop (`Shared::hub_requests`) instead.
 struct ClientMessages<S> {
     frames: S,
     shared: Arc<Mutex<Shared>>,
     clock: Arc<dyn Clock>,
-    hub_requests: mpsc::UnboundedSender<HubRequest>,
-    /// The ids of the subscriptions handed to the engine (until the client completes them).
-    engine_ids: HashSet<String>,
+    hubs: Arc<SubscriptionHubs>,
+    /// Wakes the socket's loop when a hub request is queued.
+    hub_wake: Arc<Notify>,
 }
 
-/// What the socket's loop is asked to do with a hub.
+/// What the socket's loop is asked to do with a hub subscription.
 enum HubRequest {
-    Join {
+    /// Follow a hub the client's subscription joined.
+    Follow {
         id: String,
-        request: Box<async_graphql::Request>,
-        principal: Principal,
+        joined: Joined,
     },
+    /// Stop following it: the client completed it (`Complete`), or reused its id for a new
+    /// subscription (`Forget`, silently, as the engine replaces one).
     Complete {
         id: String,
     },
+    Forget {
+        id: String,
+    },
 }
 
-impl<S> ClientMessages<S> {
-    /// Routes one client message: `Some` for the engine, `None` when a hub took it. A new
-    /// subscription replaces one with the same id, whichever side held it, as the engine
-    /// does.
-    fn route(
-        &mut self,
-        data: Bytes,
-        principal: Option<&Principal>,
-        hub_ids: &mut HashSet<String>,
-    ) -> Option<Bytes> {
-        match ClientMessage::from_bytes(&data) {
-            Ok(ClientMessage::Start { id, payload }) => {
-                if let Some(principal) = principal
-                    && SubscriptionHubs::shareable(&payload)
-                {
-                    hub_ids.insert(id.clone());
-                    let replaces = self.engine_ids.remove(&id);
-                    let _ = self.hub_requests.send(HubRequest::Join {
-                        id: id.clone(),
-                        request: Box::new(payload),
-                        principal: principal.clone(),
-                    });
-                    // The engine's subscription with this id ends (with its `complete`).
-                    return replaces.then(|| stop_message(&id));
-                }
-                if hub_ids.remove(&id) {
-                    let _ = self
+/// Routes one client message: `Some` for the engine, `None` when a hub took it.
+fn route(data: Bytes, hubs: &Arc<SubscriptionHubs>, shared: &mut Shared) -> Option<Bytes> {
+    match ClientMessage::from_bytes(&data) {
+        Ok(ClientMessage::Start { id, payload }) => {
+            if shared.hub_ids.remove(&id) {
+                shared
+                    .hub_requests
+                    .push_back(HubRequest::Forget { id: id.clone() });
+            }
+            // Only once `connection_init` was accepted; before, the engine refuses it.
+            let Some(principal) = shared.principal.clone() else {
+                return Some(data);
+            };
+            if shared.hub_ids.len() >= MAX_HUB_SUBSCRIPTIONS_PER_SOCKET {
+                return Some(data);
+            }
+            let joined = hubs
+                .shareable(payload)
+                .and_then(|shared_request| hubs.join(shared_request, &principal));
+            match joined {
+                Some(joined) => {
+                    shared.hub_ids.insert(id.clone());
+                    shared
                         .hub_requests
-                        .send(HubRequest::Complete { id: id.clone() });
+                        .push_back(HubRequest::Follow { id, joined });
+                    None
                 }
-                self.engine_ids.insert(id);
-                Some(data)
+                None => Some(data),
             }
-            Ok(ClientMessage::Stop { id }) => {
-                if hub_ids.remove(&id) {
-                    let _ = self.hub_requests.send(HubRequest::Complete { id });
-                    return None;
-                }
-                self.engine_ids.remove(&id);
-                Some(data)
-            }
-            // Everything else, malformed messages included, is the engine's to answer.
-            _ => Some(data),
         }
+        Ok(ClientMessage::Stop { id }) if shared.hub_ids.remove(&id) => {
+            shared.hub_requests.push_back(HubRequest::Complete { id });
+            None
+        }
+        // Everything else, malformed messages included, is the engine's to answer.
+        _ => Some(data),
     }
-}
-
-/// A client's `complete` for `id`, as the engine reads it.
-fn stop_message(id: &str) -> Bytes {
-    Bytes::from(serde_json::json!({ "type": "complete", "id": id }).to_string())
 }
 
 impl<S> Stream for ClientMessages<S>
@@ -206,12 +204,12 @@ where
                 shared.arrived_expired = true;
                 return Poll::Ready(None);
             }
-            let Shared {
-                principal, hub_ids, ..
-            } = &mut *shared;
-            match self.route(data, principal.as_ref(), hub_ids) {
+            match route(data, &self.hubs, &mut shared) {
                 Some(data) => return Poll::Ready(Some(data)),
-                None => continue,
+                None => {
+                    drop(shared);
+                    self.hub_wake.notify_one();
+                }
             }
         }
     }
@@ -255,13 +253,13 @@ pub async fn serve(
     metrics::gauge!("bc_subscription_connections").increment(1.0);
     let (mut sink, frames) = socket.split();
     let shared = Arc::new(Mutex::new(Shared::default()));
-    let (hub_requests, mut hub_requested) = mpsc::unbounded_channel();
+    let hub_wake = Arc::new(Notify::new());
     let messages = ClientMessages {
         frames,
         shared: shared.clone(),
         clock: clock.clone(),
-        hub_requests,
-        engine_ids: HashSet::new(),
+        hubs,
+        hub_wake: hub_wake.clone(),
     };
     let mut hub_subscriptions = HubSubscriptions::new(protocol);
     let on_init = {
@@ -327,19 +325,28 @@ pub async fn serve(
                 }
                 None => break lock(&shared).arrived_expired.then(Closing::expired),
             },
-            Some(request) = hub_requested.recv() => {
-                if let HubRequest::Join { principal, .. } = &request
-                    && !hub_expiry_armed
-                {
-                    hub_expiry.as_mut().reset(Instant::now() + until(principal.expires_at, Utc::now()));
-                    hub_expiry_armed = true;
+            () = hub_wake.notified() => {
+                let mut failed = false;
+                loop {
+                    let Some(request) = lock(&shared).hub_requests.pop_front() else { break };
+                    if let HubRequest::Follow { .. } = &request
+                        && !hub_expiry_armed
+                        && let Some(expires_at) = lock(&shared).expires_at
+                    {
+                        hub_expiry.as_mut().reset(Instant::now() + until(expires_at, Utc::now()));
+                        hub_expiry_armed = true;
+                    }
+                    if !hub_subscriptions.handle(request, &mut sink, limits.write_timeout()).await {
+                        failed = true;
+                        break;
+                    }
                 }
-                if !hub_subscriptions.handle(request, &hubs, &mut sink, limits.write_timeout()).await {
+                if failed {
                     break Some(Closing::ours(CLOSE_KEEPALIVE_TIMEOUT, "the client does not read", "write_timeout"));
                 }
             }
             Some((id, delivery)) = hub_subscriptions.streams.next(), if !hub_subscriptions.streams.is_empty() => {
-                if !hub_subscriptions.deliver(id, delivery, &mut sink, limits.write_timeout()).await {
+                if !hub_subscriptions.deliver(id, delivery, &shared, &mut sink, limits.write_timeout()).await {
                     break Some(Closing::ours(CLOSE_KEEPALIVE_TIMEOUT, "the client does not read", "write_timeout"));
                 }
             }
@@ -350,7 +357,9 @@ pub async fn serve(
             // engine's own do (`graphql::subscription::until_expiry`); later ones at once.
             () = &mut hub_expiry, if hub_expiry_armed => {
                 hub_expiry_armed = false;
-                hub_subscriptions.end_all(&mut sink, limits.write_timeout()).await;
+                if !hub_subscriptions.end_all(&shared, &mut sink, limits.write_timeout()).await {
+                    break Some(Closing::ours(CLOSE_KEEPALIVE_TIMEOUT, "the client does not read", "write_timeout"));
+                }
             }
             () = &mut expiry, if expiry_armed => {
                 let expires_at = lock(&shared).expires_at;
@@ -420,8 +429,18 @@ struct HubSubscriptions {
     /// `next` (graphql-transport-ws) or `data` (the older graphql-ws).
     next_type: &'static str,
     streams: StreamMap<String, HubStream>,
-    /// Each subscription's id as JSON, and the cursor of the last event it was sent.
-    subscriptions: HashMap<String, (String, i64)>,
+    subscriptions: HashMap<String, Following>,
+}
+
+/// One hub subscription of the socket.
+struct Following {
+    /// Its id, as JSON.
+    id_json: String,
+    /// The cursor of the last event it was sent (or where it started).
+    cursor: i64,
+    /// Payloads up to this cursor are not for it.
+    skip_through: i64,
+    field: SharedField,
 }
 
 impl HubSubscriptions {
@@ -436,46 +455,35 @@ impl HubSubscriptions {
         }
     }
 
-    /// Joins a hub or leaves one, as the client asked. False if the socket failed.
-    async fn handle(
-        &mut self,
-        request: HubRequest,
-        hubs: &Arc<SubscriptionHubs>,
-        sink: &mut Sink,
-        timeout: Duration,
-    ) -> bool {
+    /// Follows or stops following a hub subscription, as the client asked. False if the
+    /// socket failed.
+    async fn handle(&mut self, request: HubRequest, sink: &mut Sink, timeout: Duration) -> bool {
         match request {
-            HubRequest::Join {
-                id,
-                request,
-                principal,
-            } => {
-                // A subscription with the same id is replaced, without a `complete`.
-                self.forget(&id);
-                let id_json = serde_json::Value::from(id.as_str()).to_string();
-                match hubs.join(*request, &principal).await {
-                    Ok(joined) => {
-                        let stream = BroadcastStream::new(joined.payloads)
-                            .map(|received| match received {
-                                Ok(item) => HubDelivery::Payload(item),
-                                Err(_lagged) => HubDelivery::FellBehind,
-                            })
-                            .chain(futures::stream::iter([HubDelivery::Ended]));
-                        self.streams.insert(id.clone(), Box::pin(stream));
-                        self.subscriptions.insert(id, (id_json, joined.cursor));
-                        true
-                    }
-                    Err(err) => {
-                        let payload = subscription_hubs::error_payload(err);
-                        send_next(self.next_type, sink, &id_json, &payload, timeout).await
-                            && send(sink, complete_frame(&id_json), timeout).await
-                    }
-                }
+            HubRequest::Follow { id, joined } => {
+                let stream = BroadcastStream::new(joined.payloads)
+                    .map(|received| match received {
+                        Ok(item) => HubDelivery::Payload(item),
+                        Err(_lagged) => HubDelivery::FellBehind,
+                    })
+                    .chain(futures::stream::iter([HubDelivery::Ended]));
+                self.streams.insert(id.clone(), Box::pin(stream));
+                let following = Following {
+                    id_json: serde_json::Value::from(id.as_str()).to_string(),
+                    cursor: joined.cursor,
+                    skip_through: joined.skip_through,
+                    field: joined.field,
+                };
+                self.subscriptions.insert(id, following);
+                true
             }
             HubRequest::Complete { id } => match self.forget(&id) {
-                Some(id_json) => send(sink, complete_frame(&id_json), timeout).await,
+                Some(following) => send(sink, complete_frame(&following.id_json), timeout).await,
                 None => true,
             },
+            HubRequest::Forget { id } => {
+                self.forget(&id);
+                true
+            }
         }
     }
 
@@ -484,54 +492,93 @@ impl HubSubscriptions {
         &mut self,
         id: String,
         delivery: HubDelivery,
+        shared: &Mutex<Shared>,
         sink: &mut Sink,
         timeout: Duration,
     ) -> bool {
-        let Some((id_json, cursor)) = self.subscriptions.get_mut(&id) else {
+        let Some(following) = self.subscriptions.get_mut(&id) else {
             return true;
         };
         match delivery {
             HubDelivery::Payload(item) => {
-                *cursor = item.cursor;
-                let id_json = id_json.clone();
-                send_next(self.next_type, sink, &id_json, &item.payload, timeout).await
+                if item.cursor <= following.skip_through {
+                    return true;
+                }
+                following.cursor = item.cursor;
+                send_next(
+                    self.next_type,
+                    sink,
+                    &following.id_json,
+                    &item.payload,
+                    timeout,
+                )
+                .await
             }
             HubDelivery::FellBehind => {
                 metrics::counter!("bc_feed_subscribers_lagged_total").increment(1);
-                let payload =
-                    subscription_hubs::error_payload(subscription_hubs::resume_required(*cursor));
-                let id_json = id_json.clone();
-                self.forget(&id);
-                send_next(self.next_type, sink, &id_json, &payload, timeout).await
-                    && send(sink, complete_frame(&id_json), timeout).await
+                let payload = following
+                    .field
+                    .error_payload(subscription_hubs::resume_required(following.cursor));
+                self.end(&id, &payload, shared, sink, timeout).await
             }
             HubDelivery::Ended => {
-                let id_json = id_json.clone();
-                self.forget(&id);
-                send(sink, complete_frame(&id_json), timeout).await
+                let ended = self.forget(&id);
+                lock(shared).hub_ids.remove(&id);
+                match ended {
+                    Some(following) => {
+                        send(sink, complete_frame(&following.id_json), timeout).await
+                    }
+                    None => true,
+                }
             }
         }
     }
 
-    /// Ends every hub subscription with `UNAUTHENTICATED`: the token expired.
-    async fn end_all(&mut self, sink: &mut Sink, timeout: Duration) {
-        let payload =
-            subscription_hubs::error_payload(crate::graphql::subscription::token_expired());
+    /// Ends every hub subscription with `UNAUTHENTICATED`: the token expired. False if the
+    /// socket failed.
+    async fn end_all(
+        &mut self,
+        shared: &Mutex<Shared>,
+        sink: &mut Sink,
+        timeout: Duration,
+    ) -> bool {
         let ids: Vec<String> = self.subscriptions.keys().cloned().collect();
         for id in ids {
-            if let Some(id_json) = self.forget(&id)
-                && !(send_next(self.next_type, sink, &id_json, &payload, timeout).await
-                    && send(sink, complete_frame(&id_json), timeout).await)
-            {
-                return;
+            let Some(following) = self.subscriptions.get(&id) else {
+                continue;
+            };
+            let payload = following
+                .field
+                .error_payload(crate::graphql::subscription::token_expired());
+            if !self.end(&id, &payload, shared, sink, timeout).await {
+                return false;
             }
         }
+        true
     }
 
-    /// Stops following subscription `id`; its id as JSON, if it was one.
-    fn forget(&mut self, id: &str) -> Option<String> {
+    /// Ends subscription `id` with the error `payload`, then `complete`. False if the socket
+    /// failed.
+    async fn end(
+        &mut self,
+        id: &str,
+        payload: &str,
+        shared: &Mutex<Shared>,
+        sink: &mut Sink,
+        timeout: Duration,
+    ) -> bool {
+        lock(shared).hub_ids.remove(id);
+        let Some(following) = self.forget(id) else {
+            return true;
+        };
+        send_next(self.next_type, sink, &following.id_json, payload, timeout).await
+            && send(sink, complete_frame(&following.id_json), timeout).await
+    }
+
+    /// Stops following subscription `id`.
+    fn forget(&mut self, id: &str) -> Option<Following> {
         self.streams.remove(id);
-        self.subscriptions.remove(id).map(|(id_json, _)| id_json)
+        self.subscriptions.remove(id)
     }
 }
 

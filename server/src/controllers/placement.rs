@@ -7,8 +7,9 @@
 //! asked for within [`RETRY_BATCH_WINDOW`] are retried together, each once. At rest, a fleet
 //! with pending reservations costs nothing but a [`SAFETY_SWEEP`] pass, a safety net for
 //! anything the feed did not say. A retry that fails (a database error) is asked for again
-//! after [`FAILED_RETRY_BACKOFF`], so a transient error delays a placement by about a second,
-//! not a sweep.
+//! after [`FAILED_RETRY_BACKOFF`], doubled for each failure in a row up to the sweep, so a
+//! transient error delays a placement by about a second and a lasting one costs a try a
+//! minute.
 
 use bc_core::Actor;
 use bc_core::event::RecordedEvent;
@@ -32,9 +33,9 @@ pub const RETRY_BATCH_WINDOW: Duration = Duration::from_millis(50);
 pub const SAFETY_SWEEP: Duration = Duration::from_secs(60);
 /// How long the loop waits before following the feed again after it failed.
 const FEED_RETRY: Duration = Duration::from_secs(1);
-/// How long the loop waits before it retries pools whose retry failed (a busy or lost
+/// How long the loop first waits before it retries pools whose retry failed (a busy or lost
 /// database): long enough not to spin on a database that is down, short enough that an
-/// operator does not notice.
+/// operator does not notice. Each failure in a row doubles it, up to [`SAFETY_SWEEP`].
 pub const FAILED_RETRY_BACKOFF: Duration = Duration::from_secs(1);
 
 /// What one expiry tick did.
@@ -136,6 +137,7 @@ pub fn spawn_retry_loop(services: Services, feed: Arc<Feed>) -> JoinHandle<()> {
         let services = services.clone();
         let actor = actor.clone();
         async move {
+            let mut backoff = FAILED_RETRY_BACKOFF;
             let mut sweep = tokio::time::interval(SAFETY_SWEEP);
             sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
@@ -147,8 +149,13 @@ pub fn spawn_retry_loop(services: Services, feed: Arc<Feed>) -> JoinHandle<()> {
                         tokio::time::sleep(RETRY_BATCH_WINDOW).await;
                     }
                 }
+                // Failures in a row double the pause, up to the sweep: a transient error
+                // costs a second, a pool that keeps failing one try a minute.
                 if retry_requested(&services, &actor).await {
-                    tokio::time::sleep(FAILED_RETRY_BACKOFF).await;
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(SAFETY_SWEEP);
+                } else {
+                    backoff = FAILED_RETRY_BACKOFF;
                 }
             }
         }

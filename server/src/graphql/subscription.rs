@@ -408,12 +408,12 @@ impl SubscriptionRoot {
         let principal = principal(ctx)?.clone();
         let feed = ctx.data::<Arc<Feed>>()?.clone();
         // A hub's stream (see `subscription_hubs`) starts where the hub does and reports each
-        // event it yields, so the hub can tell its subscribers their cursor.
+        // event it receives, so the hub can tell its subscribers their cursor.
         let hub_cursor = ctx.data_opt::<HubCursor>().cloned();
         // From now: the table's head, which the feed may not have read yet.
-        let start = match (start_cursor(after.as_ref())?, &hub_cursor) {
-            (Some(start), _) => start,
-            (None, Some(hub)) => hub.get(),
+        let start = match (&hub_cursor, start_cursor(after.as_ref())?) {
+            (Some(hub), _) => hub.get(),
+            (None, Some(start)) => start,
             (None, None) => services.event_head().await?,
         };
         // The backlog ends at the head the live part starts after: no gap, no duplicate.
@@ -433,12 +433,11 @@ impl SubscriptionRoot {
                 let out = match item {
                     Err(err) => Some(Err(err.into())),
                     Ok(event) => {
-                        (visible(&principal, &event) && filter.matches(&event)).then(|| {
-                            if let Some(hub) = &hub_cursor {
-                                hub.advance(event.id.0);
-                            }
-                            Ok(Event(event))
-                        })
+                        if let Some(hub) = &hub_cursor {
+                            hub.advance(event.id.0);
+                        }
+                        (visible(&principal, &event) && filter.matches(&event))
+                            .then(|| Ok(Event(event)))
                     }
                 };
                 futures::future::ready(out)

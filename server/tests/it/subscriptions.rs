@@ -980,10 +980,11 @@ async fn wait_until_live(s: &TestServer, client: &mut SubscriptionClient, id: &s
     panic!("subscription {id} did not start following the feed within {WAIT:?}");
 }
 
-/// Subscribers of one shape (document, variables, role and tenant) share one hub, which
-/// sends each of them every event; another role gets a hub of its own, a subscription with
-/// a cursor none; the hub ends when its last subscriber leaves. A client that completes one
-/// subscription is told so and the others go on.
+/// Subscribers of one shape (document, variables but the cursor, role and tenant) share one
+/// hub, which sends each of them every event; another role gets a hub of its own; a
+/// subscription from a cursor the hub has passed replays on its own; the hub ends when its
+/// last subscriber leaves. A client that completes one subscription is told so and the
+/// others go on.
 #[tokio::test]
 async fn subscribers_of_one_shape_share_one_hub() {
     each_backend(async |s| {
@@ -1018,14 +1019,31 @@ async fn subscribers_of_one_shape_share_one_hub() {
             events_through(client, "e", from_cursor).await;
         }
         events_through(&mut viewer, "e", from_cursor).await;
+        assert_eq!(hubs.subscribers(), 4);
+        // From a cursor the hub has not passed: it joins the hub. From one it has passed: it
+        // needs a replay, and runs on its own.
         viewer
             .subscribe("c", EVENTS, json!({ "after": cursor(from_cursor) }))
             .await
             .expect("subscribing");
+        viewer
+            .subscribe("old", EVENTS, json!({ "after": cursor(from_cursor - 1) }))
+            .await
+            .expect("subscribing");
+        let replayed = viewer
+            .next_data("old", "events", WAIT)
+            .await
+            .expect("the replay");
         assert_eq!(
-            hubs.len(),
-            2,
-            "a subscription from a cursor is the subscriber's own"
+            seq(&replayed["id"]),
+            from_cursor,
+            "the replay starts after its cursor"
+        );
+        assert_eq!(hubs.len(), 2, "the same shapes");
+        assert_eq!(
+            hubs.subscribers(),
+            5,
+            "the viewer's `c` joined its hub, `old` did not"
         );
 
         // Every subscriber receives every change, in order, with the same payload.
@@ -1053,6 +1071,11 @@ async fn subscribers_of_one_shape_share_one_hub() {
             &events_through(&mut viewer, "c", last).await,
             &table,
             "from the cursor",
+        );
+        assert_same_events(
+            &events_through(&mut viewer, "old", last).await,
+            &table,
+            "from an older cursor",
         );
 
         // One admin completes: it is told so; the hub goes on for the others.
