@@ -58,6 +58,13 @@ pub enum ApiError {
 }
 
 impl ApiError {
+    /// `RESUME_REQUIRED` for a subscriber whose last event delivered was `seq`.
+    pub fn resume_after(seq: i64) -> ApiError {
+        ApiError::ResumeRequired {
+            cursor: bc_core::ids::EventId(seq).to_string(),
+        }
+    }
+
     /// The stable `extensions.code`.
     pub fn code(&self) -> &'static str {
         match self {

@@ -219,7 +219,7 @@ where
                 }
                 Err(broadcast::error::RecvError::Lagged(_)) => {
                     metrics::counter!("bc_feed_subscribers_lagged_total").increment(1);
-                    yield Err(ApiError::ResumeRequired { cursor: bc_core::ids::EventId(last).to_string() });
+                    yield Err(ApiError::resume_after(last));
                     return;
                 }
                 Err(broadcast::error::RecvError::Closed) => return,

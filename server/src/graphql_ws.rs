@@ -40,8 +40,9 @@ use tokio_stream::wrappers::BroadcastStream;
 
 use crate::auth::{Principal, TokenKeys};
 use crate::config::ApiConfig;
+use crate::error::ApiError;
 use crate::graphql::AppSchema;
-use crate::subscription_hubs::{self, HubItem, Joined, SharedField, SubscriptionHubs};
+use crate::subscription_hubs::{HubItem, Joined, SharedField, SubscriptionHubs};
 
 /// `graphql-ws`: the client did not send `connection_init` in time.
 pub const CLOSE_INIT_TIMEOUT: u16 = 4408;
@@ -52,7 +53,7 @@ pub const CLOSE_KEEPALIVE_TIMEOUT: u16 = 3008;
 /// RFC 6455 "going away": the server is stopping.
 pub const CLOSE_GOING_AWAY: u16 = 1001;
 /// Hub subscriptions one socket may hold; more run on the engine. Each new shape allocates a
-/// hub's buffer ([`subscription_hubs::HUB_BUFFER`] slots, about 160 KB), so one client
+/// hub's buffer ([`crate::subscription_hubs::HUB_BUFFER`] slots, about 160 KB), so one client
 /// cannot make the server allocate them without bound; a dashboard holds a handful.
 pub const MAX_HUB_SUBSCRIPTIONS_PER_SOCKET: usize = 64;
 
@@ -336,7 +337,7 @@ pub async fn serve(
                         hub_expiry.as_mut().reset(Instant::now() + until(expires_at, Utc::now()));
                         hub_expiry_armed = true;
                     }
-                    if !hub_subscriptions.handle(request, &mut sink, limits.write_timeout()).await {
+                    if !hub_subscriptions.handle(request, &shared, &mut sink, limits.write_timeout()).await {
                         failed = true;
                         break;
                     }
@@ -457,7 +458,13 @@ impl HubSubscriptions {
 
     /// Follows or stops following a hub subscription, as the client asked. False if the
     /// socket failed.
-    async fn handle(&mut self, request: HubRequest, sink: &mut Sink, timeout: Duration) -> bool {
+    async fn handle(
+        &mut self,
+        request: HubRequest,
+        shared: &Mutex<Shared>,
+        sink: &mut Sink,
+        timeout: Duration,
+    ) -> bool {
         match request {
             HubRequest::Follow { id, joined } => {
                 let stream = BroadcastStream::new(joined.payloads)
@@ -476,12 +483,12 @@ impl HubSubscriptions {
                 self.subscriptions.insert(id, following);
                 true
             }
-            HubRequest::Complete { id } => match self.forget(&id) {
+            HubRequest::Complete { id } => match self.forget(&id, shared) {
                 Some(following) => send(sink, complete_frame(&following.id_json), timeout).await,
                 None => true,
             },
             HubRequest::Forget { id } => {
-                self.forget(&id);
+                self.forget(&id, shared);
                 true
             }
         }
@@ -518,19 +525,13 @@ impl HubSubscriptions {
                 metrics::counter!("bc_feed_subscribers_lagged_total").increment(1);
                 let payload = following
                     .field
-                    .error_payload(subscription_hubs::resume_required(following.cursor));
+                    .error_payload(ApiError::resume_after(following.cursor));
                 self.end(&id, &payload, shared, sink, timeout).await
             }
-            HubDelivery::Ended => {
-                let ended = self.forget(&id);
-                lock(shared).hub_ids.remove(&id);
-                match ended {
-                    Some(following) => {
-                        send(sink, complete_frame(&following.id_json), timeout).await
-                    }
-                    None => true,
-                }
-            }
+            HubDelivery::Ended => match self.forget(&id, shared) {
+                Some(following) => send(sink, complete_frame(&following.id_json), timeout).await,
+                None => true,
+            },
         }
     }
 
@@ -567,8 +568,7 @@ impl HubSubscriptions {
         sink: &mut Sink,
         timeout: Duration,
     ) -> bool {
-        lock(shared).hub_ids.remove(id);
-        let Some(following) = self.forget(id) else {
+        let Some(following) = self.forget(id, shared) else {
             return true;
         };
         send_next(self.next_type, sink, &following.id_json, payload, timeout).await
@@ -576,7 +576,8 @@ impl HubSubscriptions {
     }
 
     /// Stops following subscription `id`.
-    fn forget(&mut self, id: &str) -> Option<Following> {
+    fn forget(&mut self, id: &str, shared: &Mutex<Shared>) -> Option<Following> {
+        lock(shared).hub_ids.remove(id);
         self.streams.remove(id);
         self.subscriptions.remove(id)
     }

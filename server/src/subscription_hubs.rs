@@ -138,7 +138,8 @@ impl SharedField {
     pub fn error_payload(&self, err: ApiError) -> String {
         let mut error: ServerError = async_graphql::Error::from(err).into_server_error(self.pos);
         error.path = vec![PathSegment::Field(self.key.clone())];
-        serde_json::to_string(&Response::from_errors(vec![error])).unwrap_or_default()
+        serde_json::to_string(&Response::from_errors(vec![error]))
+            .expect("a GraphQL response of one error serializes")
     }
 }
 
@@ -406,11 +407,4 @@ fn joined(hub: &Hub, after: Option<i64>, field: SharedField) -> Option<Joined> {
         skip_through: after.unwrap_or(i64::MIN),
         field,
     })
-}
-
-/// `RESUME_REQUIRED` for a subscriber whose last event was `cursor`.
-pub fn resume_required(cursor: i64) -> ApiError {
-    ApiError::ResumeRequired {
-        cursor: EventId(cursor).to_string(),
-    }
 }

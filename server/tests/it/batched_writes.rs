@@ -612,10 +612,7 @@ async fn sessions_looking_together_each_get_their_own_commands_stops_and_spec() 
             ])
             .await
             .unwrap_or_else(|err| panic!("the batch as a whole: {}", err.message()));
-        let codes: Vec<Result<CommandStatus, &str>> = answers
-            .iter()
-            .map(|answer| answer.as_ref().map(|c| c.status).map_err(|err| err.code()))
-            .collect();
+        let codes = statuses_or_codes(&answers);
         assert_eq!(
             codes,
             vec![
@@ -680,10 +677,7 @@ async fn sessions_looking_together_each_get_their_own_commands_stops_and_spec() 
             ])
             .await
             .unwrap_or_else(|err| panic!("the batch as a whole: {}", err.message()));
-        let codes: Vec<Result<CommandStatus, &str>> = answers
-            .iter()
-            .map(|answer| answer.as_ref().map(|c| c.status).map_err(|err| err.code()))
-            .collect();
+        let codes = statuses_or_codes(&answers);
         assert_eq!(
             codes,
             vec![Ok(CommandStatus::Running), Ok(CommandStatus::Failed)]
@@ -713,4 +707,14 @@ async fn sessions_looking_together_each_get_their_own_commands_stops_and_spec() 
         );
     })
     .await;
+}
+
+/// Each answer of a batch of command reports: the command's status, or the error's code.
+fn statuses_or_codes(
+    answers: &[Result<Command, better_compute::error::ApiError>],
+) -> Vec<Result<CommandStatus, &'static str>> {
+    answers
+        .iter()
+        .map(|answer| answer.as_ref().map(|c| c.status).map_err(|err| err.code()))
+        .collect()
 }
