@@ -205,12 +205,16 @@ where
                 shared.arrived_expired = true;
                 return Poll::Ready(None);
             }
-            match route(data, &self.hubs, &mut shared) {
-                Some(data) => return Poll::Ready(Some(data)),
-                None => {
-                    drop(shared);
-                    self.hub_wake.notify_one();
-                }
+            let for_engine = route(data, &self.hubs, &mut shared);
+            // A message the engine takes may also have queued a request (a reused id's hub
+            // subscription to forget), so the loop is woken whenever one is queued.
+            let queued = !shared.hub_requests.is_empty();
+            drop(shared);
+            if queued {
+                self.hub_wake.notify_one();
+            }
+            if let Some(data) = for_engine {
+                return Poll::Ready(Some(data));
             }
         }
     }

@@ -1090,6 +1090,29 @@ async fn subscribers_of_one_shape_share_one_hub() {
             events_through(client, "e", newest).await;
         }
 
+        // An id reused for a subscription the engine runs replaces the hub's: each change
+        // then arrives once under that id, not twice.
+        admins[1]
+            .subscribe(
+                "e",
+                "subscription { events(last: 0) { id type nodeId axis from to actor cause data at } }",
+                json!({}),
+            )
+            .await
+            .expect("resubscribing");
+        wait_until_live(s, &mut admins[1], "e").await;
+        let before = head(s).await;
+        bump(s, &mut nodes[0]).await;
+        bump(s, &mut nodes[1]).await;
+        let newest = head(s).await;
+        assert_same_events(
+            &events_through(&mut admins[1], "e", newest).await,
+            &table_after(s, before).await,
+            "after the id was reused",
+        );
+        // Left on hubs: one admin, and the viewer's `e` and `c`.
+        assert_eq!(hubs.subscribers(), 3, "the reused id left its hub");
+
         // Once every subscriber of a shape has left, its hub ends.
         for client in admins {
             client.close().await;
