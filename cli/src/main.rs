@@ -83,9 +83,10 @@ enum Command {
     },
     /// Points simulated nodes at a running server's gateway.
     Sim {
-        /// The gateway URL, e.g. https://127.0.0.1:8443.
-        #[arg(long)]
-        server: String,
+        /// The gateway URL, e.g. https://127.0.0.1:8443. Repeat it for the gateways of several
+        /// replicas: the nodes are spread over them and move to the next when theirs fails.
+        #[arg(long, required = true)]
+        server: Vec<String>,
         /// A join token secret (`createJoinToken`'s `secret`) admitting at least `--nodes` joins.
         #[arg(long)]
         token: String,
@@ -397,7 +398,7 @@ async fn run_dev_sim(
         ))
     });
     let result = run_sim(
-        &gateway,
+        std::slice::from_ref(&gateway),
         &secret,
         ca,
         sim,

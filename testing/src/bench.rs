@@ -7,7 +7,7 @@
 //! Everything here talks to 127.0.0.1 only, every wait is bounded, and the child is stopped
 //! (or killed on drop) when the benchmark ends.
 
-use crate::daemon::{CaTrust, DaemonKnobs};
+use crate::daemon::{CaTrust, DaemonKnobs, GatewayContext};
 use crate::server::{Backend, TestDatabase};
 use crate::sim::{Fleet, SimOptions};
 use anyhow::{Context, bail, ensure};
@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
 use tempfile::TempDir;
 use tokio::process::{Child, Command};
@@ -308,7 +309,48 @@ impl Server {
         if let Some(url) = database_url {
             env.push(("DATABASE_URL".to_owned(), url.to_owned()));
         }
-        let log = dir.join("server.log");
+        Server::spawn(
+            bin,
+            env,
+            jwt_secret,
+            (api_port, gateway_port),
+            dir.join("server.log"),
+        )
+        .await
+    }
+
+    /// Another server on this one's database, data directory (so its CA and keys) and JWT
+    /// secret, on ports of its own, logging to `server-<replica>.log` beside this one's: a
+    /// replica of the control plane. Only a shared database (PostgreSQL) makes it one.
+    pub async fn start_replica(&self, replica: usize) -> anyhow::Result<Server> {
+        let (api_port, gateway_port) = free_ports()?;
+        let env = self
+            .env
+            .iter()
+            .map(|(key, value)| match key.as_str() {
+                "BC_LISTEN" => (key.clone(), format!("127.0.0.1:{api_port}")),
+                "BC_GATEWAY__LISTEN" => (key.clone(), format!("127.0.0.1:{gateway_port}")),
+                _ => (key.clone(), value.clone()),
+            })
+            .collect();
+        let log = self.log.with_file_name(format!("server-{replica}.log"));
+        Server::spawn(
+            &self.bin,
+            env,
+            self.jwt_secret.clone(),
+            (api_port, gateway_port),
+            log,
+        )
+        .await
+    }
+
+    async fn spawn(
+        bin: &Path,
+        env: Vec<(String, String)>,
+        jwt_secret: String,
+        (api_port, gateway_port): (u16, u16),
+        log: PathBuf,
+    ) -> anyhow::Result<Server> {
         let log_file = std::fs::File::create(&log)?;
         let child = server_command(bin, &env)
             .arg("serve")
@@ -431,7 +473,12 @@ impl Server {
         lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join("\n")
     }
 
-    /// SIGTERM, then SIGKILL if it does not stop within `CHILD_STOP_TIMEOUT`.
+    /// Kills the server (SIGKILL): it says nothing to anyone, as a crashed replica.
+    pub async fn kill(&mut self) -> anyhow::Result<()> {
+        self.child.kill().await?;
+        Ok(())
+    }
+
     /// Stops the server (SIGTERM, then a kill after `CHILD_STOP_TIMEOUT`): how long it took.
     /// A server that already stopped takes no time.
     pub async fn stop(&mut self) -> anyhow::Result<Duration> {
@@ -585,6 +632,18 @@ impl Metrics {
     pub fn get(&self, name: &str) -> Option<f64> {
         self.0.get(name).copied()
     }
+
+    /// Several servers' metrics with each metric summed over them: the replicas of one
+    /// control plane as one.
+    pub fn sum(all: impl IntoIterator<Item = Metrics>) -> Metrics {
+        let mut sums = BTreeMap::new();
+        for metrics in all {
+            for (name, value) in metrics.0 {
+                *sums.entry(name).or_insert(0.0) += value;
+            }
+        }
+        Metrics(sums)
+    }
 }
 
 /// The benchmark's own CPU time so far, in clock ticks (see [`clock_ticks_per_second`]).
@@ -664,11 +723,13 @@ pub fn nearest_rank<T: Copy>(sorted: &[T], q: f64) -> Option<T> {
 }
 
 /// Mints a join token for `nodes` joins to `site` and `pool` and starts that many simulated
-/// daemons on the server's gateway (they pin its CA by the fingerprint the token came with).
-/// They join and connect in the background: [`bring_up`] waits for them.
+/// daemons on the servers' gateways, spread evenly over them (each daemon knows every
+/// gateway and moves to the next when its own fails, so replicas can fail over). They pin the
+/// CA by the fingerprint the token came with. They join and connect in the background:
+/// [`bring_up`] waits for them.
 pub async fn start_fleet(
     api: &Api,
-    server: &Server,
+    servers: &[Server],
     site: &str,
     pool: &str,
     nodes: usize,
@@ -686,16 +747,18 @@ pub async fn start_fleet(
     let pin = token["createJoinToken"]["caCertificateSha256"]
         .as_str()
         .context("createJoinToken returned no CA fingerprint")?;
-    tracing::info!(nodes, gateway = %server.gateway_url(), "starting the fleet");
-    Fleet::start(
-        &server.gateway_url(),
-        secret,
-        CaTrust::Sha256Pin(pin.to_owned()),
-        nodes,
-        options,
-    )
-    .await
-    .context("starting the simulated fleet")
+    let gateways: Vec<String> = servers.iter().map(Server::gateway_url).collect();
+    tracing::info!(nodes, ?gateways, "starting the fleet");
+    let context = GatewayContext::resolve_all(&gateways, &CaTrust::Sha256Pin(pin.to_owned()))
+        .await
+        .context("resolving the gateways")?
+        .with_handshake_limit(options.join_concurrency);
+    Ok(Fleet::start_with(Arc::new(context), secret, nodes, options))
+}
+
+/// The servers' CPU time so far, in clock ticks, summed.
+pub fn cpu_ticks_of(servers: &[Server]) -> anyhow::Result<f64> {
+    servers.iter().map(Server::cpu_ticks).sum()
 }
 
 /// How often [`bring_up`] asks the API how many nodes are adopted and schedulable: each ask
@@ -779,10 +842,10 @@ impl BringUp {
 }
 
 /// Waits until every node of `fleet` (all in `pool`) is joined, connected, adopted and
-/// schedulable, and reports when each happened, from `started`, with the server's CPU.
+/// schedulable, and reports when each happened, from `started`, with the servers' CPU.
 pub async fn bring_up(
     api: &Api,
-    server: &Server,
+    servers: &[Server],
     fleet: &Fleet,
     pool: &str,
     timeout: Duration,
@@ -791,7 +854,7 @@ pub async fn bring_up(
     let nodes = fleet.len() as u64;
     let deadline = started + timeout;
     let clk_tck = clock_ticks_per_second().await;
-    let cpu_at_start = server.cpu_ticks()?;
+    let cpu_at_start = cpu_ticks_of(servers)?;
     let mut cpu_at_sample = (started, cpu_at_start);
     let mut milestones: [Option<Duration>; 4] = [None; 4];
     let mut counts = (0, 0);
@@ -813,7 +876,7 @@ pub async fn bring_up(
         }
         let now = Instant::now();
         if now >= next_sample || milestones[3].is_some() {
-            let cpu = server.cpu_ticks()?;
+            let cpu = cpu_ticks_of(servers)?;
             let wall = now.duration_since(cpu_at_sample.0).as_secs_f64().max(0.001);
             timeline.push(BringUpSample {
                 at: now.duration_since(started),
@@ -833,7 +896,7 @@ pub async fn bring_up(
             Some(schedulable),
         ] = milestones
         {
-            let cpu = server.cpu_ticks()?;
+            let cpu = cpu_ticks_of(servers)?;
             tracing::info!(?schedulable, "every node is schedulable");
             return Ok(BringUp {
                 nodes,
@@ -853,7 +916,15 @@ pub async fn bring_up(
             progress.failed,
             fleet.sample_error().unwrap_or_default()
         );
-        ensure!(!server.exited(), "the server exited");
+        ensure!(
+            !servers.iter().any(Server::exited),
+            "a server exited; its log ends with:\n{}",
+            servers
+                .iter()
+                .find(|s| s.exited())
+                .map(Server::log_tail)
+                .unwrap_or_default()
+        );
         ensure!(
             now < deadline,
             "the fleet was not schedulable within {timeout:?}: {progress}, {} adopted, {} schedulable",
@@ -875,7 +946,7 @@ pub async fn bring_up(
 }
 
 /// How many nodes of `pool` are adopted, and how many schedulable.
-async fn adopted_and_schedulable(api: &Api, pool: &str) -> anyhow::Result<(u64, u64)> {
+pub async fn adopted_and_schedulable(api: &Api, pool: &str) -> anyhow::Result<(u64, u64)> {
     let data = api
         .data(
             "query($pool: ID!) { adopted: nodes(first: 1, filter: {poolId: [$pool], provisionState: [ADOPTED]}) { totalCount } schedulable: nodes(first: 1, filter: {poolId: [$pool], schedulable: true}) { totalCount } }",

@@ -1,8 +1,9 @@
 //! [`Fleet`]: many [`FakeDaemon`]s against one gateway, for `better-compute dev --sim N`,
 //! `better-compute sim`, tests and the `fleet-bench` benchmark.
 //!
-//! The fleet resolves the CA once, shares one join client, and bounds how many joins and
-//! session handshakes run at once ([`SimOptions::join_concurrency`]), so ten thousand
+//! The fleet resolves the CA once, shares one join client, and bounds how many joins, and
+//! apart from them how many session handshakes, run at once
+//! ([`SimOptions::join_concurrency`]), so ten thousand
 //! daemons come up steadily instead of all at once. Machines derive from the fleet's seed:
 //! the same seed, node count and prefix give the same machines (and hostnames), so running
 //! a simulation again re-joins the same nodes in place.
@@ -156,7 +157,7 @@ pub struct SimOptions {
     /// node gets its own from the fleet's seed).
     pub knobs: DaemonKnobs,
     pub overrides: Vec<KnobOverride>,
-    /// Joins and session handshakes in flight at once.
+    /// Joins in flight at once, and (apart) session handshakes in flight at once.
     pub join_concurrency: usize,
     /// The fleet's seed (None: random). The same seed is the same machines.
     pub seed: Option<u64>,
@@ -279,7 +280,8 @@ pub struct Fleet {
 
 impl Fleet {
     /// Resolves the CA once and starts `nodes` daemons. They join and connect in the
-    /// background, at most `options.join_concurrency` handshakes at a time.
+    /// background, at most `options.join_concurrency` joins and as many session handshakes at a
+    /// time.
     pub async fn start(
         gateway_url: &str,
         join_secret: &str,
@@ -312,10 +314,11 @@ impl Fleet {
                     options.knobs_for(seed, index, nodes),
                     counters.clone(),
                 )
+                .starting_at_gateway(index)
             })
             .collect();
         let tasks = daemons.iter().map(FakeDaemon::start).collect();
-        tracing::info!(nodes, seed, gateway = %context.gateway_url(), "fleet started");
+        tracing::info!(nodes, seed, gateway = %context.gateway_url(), gateways = context.gateways(), "fleet started");
         Fleet {
             context,
             counters,
@@ -428,12 +431,13 @@ impl Drop for Fleet {
     }
 }
 
-/// Runs `nodes` simulated daemons against the gateway at `gateway_url` until `shutdown`
-/// resolves (or every daemon has given up), calling `report` every
+/// Runs `nodes` simulated daemons against the gateways at `gateway_urls` (replicas of one
+/// control plane: the daemons are spread over them and fail over between them) until
+/// `shutdown` resolves (or every daemon has given up), calling `report` every
 /// `options.report_every` and once at the end. Returns the final progress; an error if the
 /// CA could not be settled or every daemon failed (for instance with a used-up token).
 pub async fn run_sim<R, S>(
-    gateway_url: &str,
+    gateway_urls: &[String],
     join_secret: &str,
     ca: CaTrust,
     nodes: usize,
@@ -445,7 +449,10 @@ where
     R: Fn(Progress),
     S: Future<Output = ()>,
 {
-    let fleet = Fleet::start(gateway_url, join_secret, ca, nodes, &options).await?;
+    let context = GatewayContext::resolve_all(gateway_urls, &ca)
+        .await?
+        .with_handshake_limit(options.join_concurrency);
+    let fleet = Fleet::start_with(Arc::new(context), join_secret, nodes, &options);
     let mut ticker = tokio::time::interval(options.report_every.max(PROGRESS_POLL_INTERVAL));
     tokio::pin!(shutdown);
     let all_failed = loop {

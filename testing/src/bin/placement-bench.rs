@@ -144,10 +144,11 @@ async fn run_bench(
     let (site, pool) = api.create_site_and_pool().await?;
     let options = args.fleet.sim_options();
     let started = Instant::now();
-    let fleet = bench::start_fleet(&api, server, &site, &pool, args.nodes, &options).await?;
+    let servers = std::slice::from_ref(server);
+    let fleet = bench::start_fleet(&api, servers, &site, &pool, args.nodes, &options).await?;
     let timeout = Duration::from_secs(args.ready_timeout);
     let outcome = async {
-        let bring_up = bench::bring_up(&api, server, &fleet, &pool, timeout, started).await?;
+        let bring_up = bench::bring_up(&api, servers, &fleet, &pool, timeout, started).await?;
         let tenant = tenant_offered(&api, &pool).await?;
         let measured = measure(args, server, &api, &tenant, &pool).await?;
         let booked = booked_gpus(&api, &pool).await?;

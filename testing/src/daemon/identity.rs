@@ -90,7 +90,7 @@ impl FakeDaemon {
         trust: &mut Arc<Trust>,
     ) -> Option<Result<Identity, DaemonError>> {
         self.update(|s| s.phase = Phase::Joining);
-        let _permit = self.unless_stopped(context.handshake_permit()).await?;
+        let _permit = self.unless_stopped(context.join_permit()).await?;
         let result = self
             .unless_stopped(async {
                 let (key, csr_pem) = key_and_csr(self.hostname())?;
@@ -102,7 +102,7 @@ impl FakeDaemon {
                 };
                 let response = context
                     .join_client
-                    .post(context.endpoint("/v1/join")?)
+                    .post(context.endpoint(self.gateway(), "/v1/join")?)
                     .json(&request)
                     .send()
                     .await?;
@@ -138,7 +138,7 @@ impl FakeDaemon {
         let (key, csr_pem) = key_and_csr(self.hostname())?;
         let client = trust.http_client(Some((&identity.chain, &identity.key)))?;
         let response = client
-            .post(context.endpoint("/v1/renew")?)
+            .post(context.endpoint(self.gateway(), "/v1/renew")?)
             .json(&RenewRequest { csr_pem })
             .send()
             .await?;

@@ -34,7 +34,7 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio_tungstenite::tungstenite;
@@ -266,6 +266,8 @@ struct Shared {
     faults_appeared: AtomicBool,
     /// When the daemon first ran (`xid_after` counts from it).
     started: std::sync::OnceLock<tokio::time::Instant>,
+    /// The gateway of its context it uses now (wrapping around the context's list).
+    gateway: AtomicUsize,
 }
 
 enum Source {
@@ -372,8 +374,28 @@ impl FakeDaemon {
                 faults: watch::Sender::new(faults),
                 faults_appeared: AtomicBool::new(from_start),
                 started: std::sync::OnceLock::new(),
+                gateway: AtomicUsize::new(0),
             }),
         }
+    }
+
+    /// Starts with gateway `index` of its context (wrapping around): a fleet spreads its
+    /// daemons over the control plane's replicas so.
+    pub fn starting_at_gateway(self, index: usize) -> FakeDaemon {
+        self.shared.gateway.store(index, Ordering::Relaxed);
+        self
+    }
+
+    /// The gateway of its context the daemon uses now.
+    pub(crate) fn gateway(&self) -> usize {
+        self.shared.gateway.load(Ordering::Relaxed)
+    }
+
+    /// Moves on to the next gateway of its context (the same one when there is only one):
+    /// what a daemon does when it cannot join or hold a session where it is, as a daemon
+    /// given several replicas' addresses would.
+    pub(crate) fn next_gateway(&self) {
+        self.shared.gateway.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn knobs(&self) -> &DaemonKnobs {

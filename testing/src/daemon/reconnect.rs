@@ -106,6 +106,7 @@ impl FakeDaemon {
                         Some(Err(err)) => {
                             tracing::info!(hostname = %self.hostname(), error = %err, "join failed; retrying");
                             self.record_error(&err);
+                            self.next_gateway();
                             if !self.back_off(backoff.next_delay()).await {
                                 return Ok(());
                             }
@@ -192,6 +193,9 @@ impl FakeDaemon {
                     return AfterSession::Done(Ok(()));
                 }
                 tracing::debug!(hostname = %self.hostname(), %reason, "the gateway closed the session");
+                // A gateway that closes a session is going away or shedding load: another
+                // replica, if there is one, takes the daemon at once.
+                self.next_gateway();
                 if healthy {
                     backoff.reset();
                 }
@@ -213,6 +217,8 @@ impl FakeDaemon {
                 let message = err.to_string();
                 self.record_error(&err);
                 self.update(|s| s.last_close_reason = Some(message));
+                // The gateway could not be reached or broke the session: try the next one.
+                self.next_gateway();
                 if healthy {
                     backoff.reset();
                 }

@@ -144,7 +144,7 @@ impl FakeDaemon {
         observed_generation: i64,
     ) -> Result<(Session, Welcome), SessionEnd> {
         self.update(|s| s.phase = Phase::Connecting);
-        let Some(permit) = self.unless_stopped(context.handshake_permit()).await else {
+        let Some(permit) = self.unless_stopped(context.session_permit()).await else {
             return Err(SessionEnd::Stopped);
         };
         let hello = DaemonMessage::Hello {
@@ -155,7 +155,7 @@ impl FakeDaemon {
         let opened = self
             .unless_stopped(tokio::time::timeout(
                 SESSION_OPEN_TIMEOUT,
-                open_session(context, identity, &hello),
+                open_session(context, self.gateway(), identity, &hello),
             ))
             .await;
         drop(permit);
@@ -489,10 +489,11 @@ fn heartbeat_interval(knobs: &DaemonKnobs, heartbeat_interval_secs: u64) -> Inte
 /// TCP, TLS with the node certificate, the WebSocket upgrade (`bcd.v1`), `hello`, `welcome`.
 async fn open_session(
     context: &GatewayContext,
+    gateway: usize,
     identity: &Identity,
     hello: &DaemonMessage,
 ) -> Result<(Session, Welcome), Opening> {
-    let mut ws = connect(context, identity).await?;
+    let mut ws = connect(context, gateway, identity).await?;
     send(&mut ws, hello).await?;
     let welcome = read_welcome(&mut ws).await?;
     Ok((ws, welcome))

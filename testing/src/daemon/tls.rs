@@ -44,8 +44,22 @@ pub enum CaTrust {
     TrustOnFirstUse,
 }
 
-/// The gateway a daemon talks to and the CA it trusts, resolved once; a fleet shares one.
+/// The gateways a daemon may talk to (replicas of one control plane) and the CA it trusts,
+/// resolved once; a fleet shares one.
 pub struct GatewayContext {
+    /// At least one. A daemon uses one at a time and moves to the next when it cannot join or
+    /// hold a session there (see [`FakeDaemon::next_gateway`](super::FakeDaemon)).
+    gateways: Vec<Gateway>,
+    pub(super) trust: Arc<Trust>,
+    /// Joins carry no client certificate, so every daemon of a fleet can share one client
+    /// (and its kept-alive connections).
+    pub(super) join_client: reqwest::Client,
+    /// Bounds concurrent joins and, apart, concurrent session handshakes (None: no bound).
+    handshake_limits: Option<HandshakeLimits>,
+}
+
+/// One gateway's address, parsed once.
+struct Gateway {
     base: reqwest::Url,
     /// `host:port`, IPv6 hosts in brackets, as the WebSocket URL carries it.
     authority: String,
@@ -53,27 +67,10 @@ pub struct GatewayContext {
     host: String,
     port: u16,
     server_name: ServerName<'static>,
-    pub(super) trust: Arc<Trust>,
-    /// Joins carry no client certificate, so every daemon of a fleet can share one client
-    /// (and its kept-alive connections).
-    pub(super) join_client: reqwest::Client,
-    /// Bounds concurrent joins and session handshakes (None: no bound).
-    handshake_limit: Option<Arc<Semaphore>>,
 }
 
-impl std::fmt::Debug for GatewayContext {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GatewayContext")
-            .field("base", &self.base.as_str())
-            .field("ca_sha256", &self.trust.sha256)
-            .finish()
-    }
-}
-
-impl GatewayContext {
-    /// Parses the gateway URL (`https://host:port`) and settles on the CA to trust, fetching
-    /// `/v1/ca.pem` when `ca` is a pin or trust on first use.
-    pub async fn resolve(gateway_url: &str, ca: &CaTrust) -> Result<GatewayContext, DaemonError> {
+impl Gateway {
+    fn parse(gateway_url: &str) -> Result<Gateway, DaemonError> {
         let bad = |reason: &str| DaemonError::BadGatewayUrl {
             url: gateway_url.to_owned(),
             reason: reason.to_owned(),
@@ -92,11 +89,61 @@ impl GatewayContext {
             .trim_end_matches(']')
             .to_owned();
         let server_name = ServerName::try_from(host.clone()).map_err(|e| bad(&e.to_string()))?;
+        Ok(Gateway {
+            base,
+            authority,
+            host,
+            port,
+            server_name,
+        })
+    }
+}
+
+impl std::fmt::Debug for GatewayContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GatewayContext")
+            .field(
+                "gateways",
+                &self
+                    .gateways
+                    .iter()
+                    .map(|g| g.base.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .field("ca_sha256", &self.trust.sha256)
+            .finish()
+    }
+}
+
+impl GatewayContext {
+    /// Parses the gateway URL (`https://host:port`) and settles on the CA to trust, fetching
+    /// `/v1/ca.pem` when `ca` is a pin or trust on first use.
+    pub async fn resolve(gateway_url: &str, ca: &CaTrust) -> Result<GatewayContext, DaemonError> {
+        GatewayContext::resolve_all(&[gateway_url], ca).await
+    }
+
+    /// [`GatewayContext::resolve`] for several gateways of one control plane (replicas, which
+    /// share the CA): the CA is fetched from the first.
+    pub async fn resolve_all(
+        gateway_urls: &[impl AsRef<str>],
+        ca: &CaTrust,
+    ) -> Result<GatewayContext, DaemonError> {
+        let gateways = gateway_urls
+            .iter()
+            .map(|url| Gateway::parse(url.as_ref()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let Some(first) = gateways.first() else {
+            return Err(DaemonError::BadGatewayUrl {
+                url: String::new(),
+                reason: "no gateway given".to_owned(),
+            });
+        };
+        let base = &first.base;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let trust = match ca {
             CaTrust::Pem(pem) => Trust::from_pem(pem, provider)?,
             CaTrust::Sha256Pin(pin) => {
-                let fetched = fetch_ca_unverified(&base, provider.clone()).await?;
+                let fetched = fetch_ca_unverified(base, provider.clone()).await?;
                 let trust = Trust::from_pem(&fetched, provider)?;
                 let expected = normalize_fingerprint(pin);
                 if trust.sha256 != expected {
@@ -109,7 +156,7 @@ impl GatewayContext {
                 trust
             }
             CaTrust::TrustOnFirstUse => {
-                let fetched = fetch_ca_unverified(&base, provider.clone()).await?;
+                let fetched = fetch_ca_unverified(base, provider.clone()).await?;
                 let trust = Trust::from_pem(&fetched, provider)?;
                 tracing::warn!(
                     ca_sha256 = %trust.sha256,
@@ -120,26 +167,36 @@ impl GatewayContext {
         };
         let join_client = trust.http_client(None)?;
         Ok(GatewayContext {
-            base,
-            authority,
-            host,
-            port,
-            server_name,
+            gateways,
             trust: Arc::new(trust),
             join_client,
-            handshake_limit: None,
+            handshake_limits: None,
         })
     }
 
-    /// Allows at most `limit` joins and session handshakes at once among the daemons sharing
-    /// this context, so ten thousand of them do not stampede the gateway (or their own process).
+    /// Allows at most `limit` joins, and apart from them at most `limit` session handshakes,
+    /// at once among the daemons sharing this context, so ten thousand of them do not
+    /// stampede the gateway (or their own process). The two queue apart because a real daemon
+    /// connects as soon as it has joined: with one queue (first come, first served) every
+    /// daemon's first connect waited behind all the joins queued before it, and a fleet
+    /// connected only once the whole fleet had joined.
     pub fn with_handshake_limit(mut self, limit: usize) -> GatewayContext {
-        self.handshake_limit = Some(Arc::new(Semaphore::new(limit.max(1))));
+        let limit = limit.max(1);
+        self.handshake_limits = Some(HandshakeLimits {
+            joins: Arc::new(Semaphore::new(limit)),
+            sessions: Arc::new(Semaphore::new(limit)),
+        });
         self
     }
 
+    /// The first gateway's URL.
     pub fn gateway_url(&self) -> &str {
-        self.base.as_str()
+        self.gateways[0].base.as_str()
+    }
+
+    /// How many gateways the daemons may use.
+    pub fn gateways(&self) -> usize {
+        self.gateways.len()
     }
 
     /// The trusted CA certificate (PEM).
@@ -152,22 +209,37 @@ impl GatewayContext {
         &self.trust.sha256
     }
 
-    pub(super) fn endpoint(&self, path: &str) -> Result<reqwest::Url, DaemonError> {
-        self.base
-            .join(path)
-            .map_err(|e| DaemonError::BadGatewayUrl {
-                url: self.base.to_string(),
-                reason: e.to_string(),
-            })
+    /// `path` on gateway `gateway` (any number: it wraps around the list).
+    pub(super) fn endpoint(&self, gateway: usize, path: &str) -> Result<reqwest::Url, DaemonError> {
+        let base = &self.gateway(gateway).base;
+        base.join(path).map_err(|e| DaemonError::BadGatewayUrl {
+            url: base.to_string(),
+            reason: e.to_string(),
+        })
     }
 
-    pub(super) async fn handshake_permit(&self) -> Option<OwnedSemaphorePermit> {
-        match &self.handshake_limit {
-            // The semaphore is never closed, so acquiring only fails if it were.
-            Some(limit) => limit.clone().acquire_owned().await.ok(),
-            None => None,
-        }
+    fn gateway(&self, gateway: usize) -> &Gateway {
+        &self.gateways[gateway % self.gateways.len()]
     }
+
+    /// A slot for a join (None: no bound).
+    pub(super) async fn join_permit(&self) -> Option<OwnedSemaphorePermit> {
+        let limits = self.handshake_limits.as_ref()?;
+        // The semaphore is never closed, so acquiring only fails if it were.
+        limits.joins.clone().acquire_owned().await.ok()
+    }
+
+    /// A slot for a session handshake (None: no bound).
+    pub(super) async fn session_permit(&self) -> Option<OwnedSemaphorePermit> {
+        let limits = self.handshake_limits.as_ref()?;
+        limits.sessions.clone().acquire_owned().await.ok()
+    }
+}
+
+/// The fleet-wide bounds of [`GatewayContext::with_handshake_limit`].
+struct HandshakeLimits {
+    joins: Arc<Semaphore>,
+    sessions: Arc<Semaphore>,
 }
 
 /// The CA a daemon trusts and what rustls builds from it.
@@ -285,14 +357,16 @@ pub fn normalize_fingerprint(pin: &str) -> String {
 /// refuses the upgrade with a 403 when the node's identity was revoked.
 pub(super) async fn connect(
     context: &GatewayContext,
+    gateway: usize,
     identity: &Identity,
 ) -> Result<Session, Opening> {
-    let tcp = TcpStream::connect((context.host.as_str(), context.port)).await?;
+    let gateway = context.gateway(gateway);
+    let tcp = TcpStream::connect((gateway.host.as_str(), gateway.port)).await?;
     tcp.set_nodelay(true)?;
     let tls = tokio_rustls::TlsConnector::from(identity.session_tls.clone())
-        .connect(context.server_name.clone(), tcp)
+        .connect(gateway.server_name.clone(), tcp)
         .await?;
-    let mut request = format!("wss://{}/v1/session", context.authority).into_client_request()?;
+    let mut request = format!("wss://{}/v1/session", gateway.authority).into_client_request()?;
     request.headers_mut().insert(
         http::header::SEC_WEBSOCKET_PROTOCOL,
         http::HeaderValue::from_static(protocol::PROTOCOL),

@@ -1,9 +1,11 @@
 //! The FakeDaemon and the fleet simulator against the real gateway, on both backends.
 
-use bc_testing::daemon::{CaTrust, DaemonError, DaemonKnobs, FakeDaemon, Phase};
+use bc_testing::daemon::{CaTrust, DaemonError, DaemonKnobs, FakeDaemon, GatewayContext, Phase};
 use bc_testing::sim::{Fleet, SimOptions};
-use bc_testing::{TestServer, each_backend};
+use bc_testing::{Backend, TestServer, each_backend};
 use serde_json::{Value, json};
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Generous bounds for things that take milliseconds, so a loaded CI machine does not fail.
@@ -475,4 +477,108 @@ async fn a_daemon_booting_on_an_enrolled_machine_is_its_enrolled_node() {
         );
     })
     .await;
+}
+
+/// The gateway each node's session is on, by node id.
+async fn session_gateways(server: &TestServer) -> BTreeMap<String, String> {
+    let page = server
+        .admin(
+            "{ nodes(first: 500) { edges { node { id connectivity session { gatewayId } } } } }",
+            json!({}),
+        )
+        .await;
+    page["nodes"]["edges"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["node"]["connectivity"] == "CONNECTED")
+        .filter_map(|e| {
+            Some((
+                e["node"]["id"].as_str()?.to_owned(),
+                e["node"]["session"]["gatewayId"].as_str()?.to_owned(),
+            ))
+        })
+        .collect()
+}
+
+/// Issue 16, item 2: a daemon may connect to any replica. Daemons given two replicas'
+/// gateways spread over them, and when one replica stops, its daemons move to the other.
+/// Replicas share a database, so this runs on PostgreSQL only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_spreads_over_replicas_and_moves_off_one_that_stops() {
+    const NODES: usize = 8;
+    for backend in Backend::selected()
+        .into_iter()
+        .filter(|b| *b == Backend::Postgres)
+    {
+        let a = TestServer::start(backend).await.expect("replica A");
+        let b = a.replica().await.expect("replica B");
+        let (site, pool) = a.site_and_pool(8).await;
+        let secret = a.join_token(&site, Some(&pool), NODES as i64).await;
+        let context = GatewayContext::resolve_all(
+            &[a.gateway_url(), b.gateway_url()],
+            &CaTrust::Pem(a.ca_pem()),
+        )
+        .await
+        .expect("both gateways")
+        .with_handshake_limit(NODES);
+        let options = SimOptions {
+            seed: Some(11),
+            ..SimOptions::default()
+        };
+        let fleet = Fleet::start_with(Arc::new(context), &secret, NODES, &options);
+        fleet
+            .wait_for(|p| p.connected == NODES as u64, FLEET_UP)
+            .await
+            .unwrap_or_else(|p| {
+                panic!("not all connected: {p:?}; e.g. {:?}", fleet.sample_error())
+            });
+
+        let deadline = tokio::time::Instant::now() + SETTLE;
+        let before = loop {
+            let gateways = session_gateways(&a).await;
+            if gateways.len() == NODES {
+                break gateways;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "sessions: {gateways:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let mut per_gateway: BTreeMap<&str, usize> = BTreeMap::new();
+        for gateway in before.values() {
+            *per_gateway.entry(gateway).or_default() += 1;
+        }
+        assert_eq!(
+            per_gateway.values().copied().collect::<Vec<_>>(),
+            [NODES / 2, NODES / 2],
+            "the daemons are spread evenly over both gateways: {per_gateway:?}"
+        );
+
+        // B stops (its daemons are told to go away): they reconnect to A, and only A.
+        b.stop().await;
+        let deadline = tokio::time::Instant::now() + SETTLE;
+        let after = loop {
+            let gateways = session_gateways(&a).await;
+            let on: HashSet<&String> = gateways.values().collect();
+            if gateways.len() == NODES && on.len() == 1 {
+                break gateways;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "B's daemons did not all move to A: {gateways:?}; {}",
+                fleet.progress()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let survivor = after.values().next().expect("a gateway");
+        assert!(
+            per_gateway.contains_key(survivor.as_str()),
+            "they moved to the surviving replica's gateway"
+        );
+        assert_eq!(fleet.progress().failed, 0);
+        fleet.shutdown().await;
+        a.stop().await;
+    }
 }
