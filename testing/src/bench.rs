@@ -7,7 +7,7 @@
 //! Everything here talks to 127.0.0.1 only, every wait is bounded, and the child is stopped
 //! (or killed on drop) when the benchmark ends.
 
-use crate::daemon::{CaTrust, DaemonKnobs, GatewayContext};
+use crate::daemon::{CaTrust, DaemonKnobs};
 use crate::server::{Backend, TestDatabase};
 use crate::sim::{Fleet, SimOptions};
 use anyhow::{Context, bail, ensure};
@@ -16,7 +16,6 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::Arc;
 use std::time::Duration;
 use tempfile::TempDir;
 use tokio::process::{Child, Command};
@@ -110,7 +109,7 @@ pub struct FleetArgs {
     /// Heartbeat interval of the simulated daemons, in seconds.
     #[arg(long, default_value_t = 10)]
     pub heartbeat_secs: u64,
-    /// Joins and session handshakes in flight at once.
+    /// Joins in flight at once, and (apart) session handshakes in flight at once.
     #[arg(long, default_value_t = crate::sim::DEFAULT_JOIN_CONCURRENCY)]
     pub join_concurrency: usize,
 }
@@ -256,7 +255,8 @@ fn is_loopback_database(url: &str) -> bool {
 }
 
 /// The server as a child process: its API and gateway on loopback ports it was given, a
-/// JWT secret of its own, and its log in `server.log` of the benchmark's directory.
+/// JWT secret of its own, and its log in `server.log` of the benchmark's directory
+/// (`server-<n>.log` for replica n).
 pub struct Server {
     child: Child,
     bin: PathBuf,
@@ -264,6 +264,9 @@ pub struct Server {
     jwt_secret: String,
     api_port: u16,
     gateway_port: u16,
+    /// The id its gateway writes in session rows (`bench-gw-<gateway port>`), so the
+    /// benchmark can tell which replica holds a node's session.
+    gateway_id: String,
     log: PathBuf,
 }
 
@@ -346,11 +349,14 @@ impl Server {
 
     async fn spawn(
         bin: &Path,
-        env: Vec<(String, String)>,
+        mut env: Vec<(String, String)>,
         jwt_secret: String,
         (api_port, gateway_port): (u16, u16),
         log: PathBuf,
     ) -> anyhow::Result<Server> {
+        let gateway_id = format!("bench-gw-{gateway_port}");
+        env.retain(|(key, _)| key != "BC_GATEWAY__GATEWAY_ID");
+        env.push(("BC_GATEWAY__GATEWAY_ID".to_owned(), gateway_id.clone()));
         let log_file = std::fs::File::create(&log)?;
         let child = server_command(bin, &env)
             .arg("serve")
@@ -366,6 +372,7 @@ impl Server {
             jwt_secret,
             api_port,
             gateway_port,
+            gateway_id,
             log,
         };
         server.wait_ready().await?;
@@ -446,14 +453,25 @@ impl Server {
         format!("https://127.0.0.1:{}", self.gateway_port)
     }
 
+    /// The id its gateway writes in session rows.
+    pub fn gateway_id(&self) -> &str {
+        &self.gateway_id
+    }
+
     /// The server's process id (0 once it has been waited for).
     pub fn pid(&self) -> u32 {
         self.child.id().unwrap_or_default()
     }
 
     /// Whether the server's process is gone.
+    /// A child that died but was not waited for yet is a zombie: its `/proc` entry stays,
+    /// with state `Z`.
     pub fn exited(&self) -> bool {
-        !Path::new(&format!("/proc/{}", self.pid())).exists()
+        std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).map_or(true, |stat| {
+            // The state follows the command name, which is in parentheses and may hold spaces.
+            stat.rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
     }
 
     /// The server's CPU time so far, in clock ticks (see [`clock_ticks_per_second`]).
@@ -634,7 +652,7 @@ impl Metrics {
     }
 
     /// Several servers' metrics with each metric summed over them: the replicas of one
-    /// control plane as one.
+    /// control plane as one. Meant for counters (a gauge's sum is only sometimes a sum).
     pub fn sum(all: impl IntoIterator<Item = Metrics>) -> Metrics {
         let mut sums = BTreeMap::new();
         for metrics in all {
@@ -749,11 +767,15 @@ pub async fn start_fleet(
         .context("createJoinToken returned no CA fingerprint")?;
     let gateways: Vec<String> = servers.iter().map(Server::gateway_url).collect();
     tracing::info!(nodes, ?gateways, "starting the fleet");
-    let context = GatewayContext::resolve_all(&gateways, &CaTrust::Sha256Pin(pin.to_owned()))
-        .await
-        .context("resolving the gateways")?
-        .with_handshake_limit(options.join_concurrency);
-    Ok(Fleet::start_with(Arc::new(context), secret, nodes, options))
+    Fleet::start(
+        &gateways,
+        secret,
+        CaTrust::Sha256Pin(pin.to_owned()),
+        nodes,
+        options,
+    )
+    .await
+    .context("starting the simulated fleet")
 }
 
 /// The servers' CPU time so far, in clock ticks, summed.

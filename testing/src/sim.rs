@@ -1,4 +1,4 @@
-//! [`Fleet`]: many [`FakeDaemon`]s against one gateway, for `better-compute dev --sim N`,
+//! [`Fleet`]: many [`FakeDaemon`]s against one gateway (or several replicas' gateways), for `better-compute dev --sim N`,
 //! `better-compute sim`, tests and the `fleet-bench` benchmark.
 //!
 //! The fleet resolves the CA once, shares one join client, and bounds how many joins, and
@@ -283,14 +283,14 @@ impl Fleet {
     /// background, at most `options.join_concurrency` joins and as many session handshakes at a
     /// time.
     pub async fn start(
-        gateway_url: &str,
+        gateway_urls: &[impl AsRef<str>],
         join_secret: &str,
         ca: CaTrust,
         nodes: usize,
         options: &SimOptions,
     ) -> Result<Fleet, DaemonError> {
         let context = Arc::new(
-            GatewayContext::resolve(gateway_url, &ca)
+            GatewayContext::resolve_all(gateway_urls, &ca)
                 .await?
                 .with_handshake_limit(options.join_concurrency),
         );
@@ -449,10 +449,7 @@ where
     R: Fn(Progress),
     S: Future<Output = ()>,
 {
-    let context = GatewayContext::resolve_all(gateway_urls, &ca)
-        .await?
-        .with_handshake_limit(options.join_concurrency);
-    let fleet = Fleet::start_with(Arc::new(context), join_secret, nodes, &options);
+    let fleet = Fleet::start(gateway_urls, join_secret, ca, nodes, &options).await?;
     let mut ticker = tokio::time::interval(options.report_every.max(PROGRESS_POLL_INTERVAL));
     tokio::pin!(shutdown);
     let all_failed = loop {

@@ -326,6 +326,7 @@ impl FakeDaemon {
 
     /// The same daemon with other knobs (before it starts).
     pub fn with_knobs(self, knobs: DaemonKnobs) -> FakeDaemon {
+        let gateway = self.gateway();
         let (source, join_secret, counters) = match Arc::try_unwrap(self.shared) {
             Ok(shared) => (shared.source, shared.join_secret, shared.counters),
             Err(shared) => (
@@ -340,7 +341,7 @@ impl FakeDaemon {
                 shared.counters.clone(),
             ),
         };
-        FakeDaemon::build(source, join_secret, knobs, Some(counters))
+        FakeDaemon::build(source, join_secret, knobs, Some(counters)).starting_at_gateway(gateway)
     }
 
     fn build(
@@ -391,11 +392,15 @@ impl FakeDaemon {
         self.shared.gateway.load(Ordering::Relaxed)
     }
 
-    /// Moves on to the next gateway of its context (the same one when there is only one):
-    /// what a daemon does when it cannot join or hold a session where it is, as a daemon
-    /// given several replicas' addresses would.
-    pub(crate) fn next_gateway(&self) {
-        self.shared.gateway.fetch_add(1, Ordering::Relaxed);
+    /// Moves on to another of the context's `gateways` (the same one when there is only
+    /// one), chosen at random so a dead replica's daemons spread over the others: what a
+    /// daemon does when it cannot join or hold a session where it is, as a daemon given
+    /// several replicas' addresses would.
+    pub(crate) fn next_gateway(&self, gateways: usize) {
+        if gateways > 1 {
+            let step = rand::random_range(1..gateways);
+            self.shared.gateway.fetch_add(step, Ordering::Relaxed);
+        }
     }
 
     pub fn knobs(&self) -> &DaemonKnobs {

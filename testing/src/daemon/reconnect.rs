@@ -106,7 +106,7 @@ impl FakeDaemon {
                         Some(Err(err)) => {
                             tracing::info!(hostname = %self.hostname(), error = %err, "join failed; retrying");
                             self.record_error(&err);
-                            self.next_gateway();
+                            self.next_gateway(context.gateways());
                             if !self.back_off(backoff.next_delay()).await {
                                 return Ok(());
                             }
@@ -125,7 +125,7 @@ impl FakeDaemon {
                 .await;
             self.set_connected(false);
             let healthy = started.elapsed() >= HEALTHY_SESSION;
-            match self.after_session(end, healthy, &mut backoff) {
+            match self.after_session(end, healthy, context.gateways(), &mut backoff) {
                 AfterSession::Done(result) => return result,
                 AfterSession::Retry {
                     delay,
@@ -172,7 +172,13 @@ impl FakeDaemon {
     /// Records how a session ended and decides what follows. The backoff starts over after a
     /// healthy session, and after a flap or a reboot: the daemon dropped those itself, the
     /// gateway is not the trouble.
-    fn after_session(&self, end: SessionEnd, healthy: bool, backoff: &mut Backoff) -> AfterSession {
+    fn after_session(
+        &self,
+        end: SessionEnd,
+        healthy: bool,
+        gateways: usize,
+        backoff: &mut Backoff,
+    ) -> AfterSession {
         match end {
             SessionEnd::Stopped => AfterSession::Done(Ok(())),
             SessionEnd::Revoked(reason) => {
@@ -193,9 +199,10 @@ impl FakeDaemon {
                     return AfterSession::Done(Ok(()));
                 }
                 tracing::debug!(hostname = %self.hostname(), %reason, "the gateway closed the session");
-                // A gateway that closes a session is going away or shedding load: another
-                // replica, if there is one, takes the daemon at once.
-                self.next_gateway();
+                // A gateway that closes a session is going away, shedding load or was
+                // superseded: the next try (after the backoff) goes to another replica, if
+                // there is one; any replica takes any node.
+                self.next_gateway(gateways);
                 if healthy {
                     backoff.reset();
                 }
@@ -217,8 +224,9 @@ impl FakeDaemon {
                 let message = err.to_string();
                 self.record_error(&err);
                 self.update(|s| s.last_close_reason = Some(message));
-                // The gateway could not be reached or broke the session: try the next one.
-                self.next_gateway();
+                // The gateway could not be reached or broke the session: the next try goes to
+                // another replica, if there is one.
+                self.next_gateway(gateways);
                 if healthy {
                     backoff.reset();
                 }

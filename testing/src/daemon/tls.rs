@@ -123,7 +123,7 @@ impl GatewayContext {
     }
 
     /// [`GatewayContext::resolve`] for several gateways of one control plane (replicas, which
-    /// share the CA): the CA is fetched from the first.
+    /// share the CA): the CA is fetched from the first that answers.
     pub async fn resolve_all(
         gateway_urls: &[impl AsRef<str>],
         ca: &CaTrust,
@@ -132,18 +132,17 @@ impl GatewayContext {
             .iter()
             .map(|url| Gateway::parse(url.as_ref()))
             .collect::<Result<Vec<_>, _>>()?;
-        let Some(first) = gateways.first() else {
+        if gateways.is_empty() {
             return Err(DaemonError::BadGatewayUrl {
                 url: String::new(),
                 reason: "no gateway given".to_owned(),
             });
-        };
-        let base = &first.base;
+        }
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let trust = match ca {
             CaTrust::Pem(pem) => Trust::from_pem(pem, provider)?,
             CaTrust::Sha256Pin(pin) => {
-                let fetched = fetch_ca_unverified(base, provider.clone()).await?;
+                let fetched = fetch_ca_from_any(&gateways, &provider).await?;
                 let trust = Trust::from_pem(&fetched, provider)?;
                 let expected = normalize_fingerprint(pin);
                 if trust.sha256 != expected {
@@ -156,7 +155,7 @@ impl GatewayContext {
                 trust
             }
             CaTrust::TrustOnFirstUse => {
-                let fetched = fetch_ca_unverified(base, provider.clone()).await?;
+                let fetched = fetch_ca_from_any(&gateways, &provider).await?;
                 let trust = Trust::from_pem(&fetched, provider)?;
                 tracing::warn!(
                     ca_sha256 = %trust.sha256,
@@ -301,6 +300,25 @@ impl Trust {
             .https_only(true)
             .build()?)
     }
+}
+
+/// [`fetch_ca_unverified`] from each gateway in turn until one answers (the last error if none
+/// does): replicas share the CA, and one that is down must not keep a daemon from starting.
+async fn fetch_ca_from_any(
+    gateways: &[Gateway],
+    provider: &Arc<CryptoProvider>,
+) -> Result<String, DaemonError> {
+    let mut last_error = None;
+    for gateway in gateways {
+        match fetch_ca_unverified(&gateway.base, provider.clone()).await {
+            Ok(pem) => return Ok(pem),
+            Err(err) => {
+                tracing::info!(gateway = %gateway.base, error = %err, "fetching the CA failed; trying the next gateway");
+                last_error = Some(err);
+            }
+        }
+    }
+    Err(last_error.expect("at least one gateway"))
 }
 
 /// `GET /v1/ca.pem` without verifying the server: the caller must check what it gets.

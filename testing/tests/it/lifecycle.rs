@@ -43,7 +43,7 @@ async fn a_simulated_fleet_becomes_schedulable_by_itself_except_the_broken_machi
             ..SimOptions::default()
         };
         let fleet = Fleet::start(
-            &s.gateway_url(),
+            &[s.gateway_url()],
             &secret,
             CaTrust::Pem(s.ca_pem()),
             NODES,
@@ -177,7 +177,7 @@ async fn cpu_machines_are_accepted_and_gpu_machines_must_match_their_pool() {
                 overrides,
                 ..SimOptions::default()
             };
-            Fleet::start(&s.gateway_url(), &secret, CaTrust::Pem(s.ca_pem()), nodes, &options)
+            Fleet::start(&[s.gateway_url()], &secret, CaTrust::Pem(s.ca_pem()), nodes, &options)
                 .await
                 .expect("the fleet starts")
         };

@@ -139,7 +139,7 @@ async fn restart_under_load(backend: Backend, nodes: usize) -> Figures {
         ..SimOptions::default()
     };
     let fleet = Fleet::start(
-        &proxy.url(),
+        &[proxy.url()],
         &secret,
         CaTrust::Pem(servers[0].ca_pem()),
         nodes,

@@ -26,7 +26,7 @@ async fn the_workload_places_and_releases_reservations_on_a_simulated_fleet() {
         let (site, pool) = s.site_and_pool(8).await;
         let secret = s.join_token(&site, Some(&pool), NODES as i64).await;
         let fleet = Fleet::start(
-            &s.gateway_url(),
+            &[s.gateway_url()],
             &secret,
             CaTrust::Pem(s.ca_pem()),
             NODES,

@@ -297,7 +297,8 @@ async fn load_children(
     Ok(by_node)
 }
 
-/// The result columns of [`children_of`]: each table's columns in generic slots, by type.
+/// The result columns of [`children_of`]: each table's columns in generic slots, by type
+/// (labels, aggregated, only in the JSON slot).
 mod child {
     pub const KIND: &str = "child_kind";
     pub const NODE_ID: &str = "child_node_id";
@@ -385,10 +386,12 @@ fn children_of(ids: &[String], backend: DbBackend) -> sea_orm::sea_query::Select
         ],
         ids,
     );
-    // Each node's labels as one JSON array of `[key, value]` pairs, in the JSON slot (whose
-    // type the conditions' `proof` gives: `jsonb` on PostgreSQL, JSON text on SQLite).
+    // Each node's labels as one JSON array of `[key, value]` pairs, in the JSON slot, whose
+    // type the conditions' `proof` gives: `jsonb` on PostgreSQL (so `jsonb_agg`: a `json`
+    // member would not unite with it), JSON text on SQLite. A node without labels has no row.
     let label_pairs = match backend {
         DbBackend::Postgres => r#"jsonb_agg(jsonb_build_array("key", "value"))"#,
+        // SQLite, the store's only other backend.
         _ => r#"json_group_array(json_array("key", "value"))"#,
     };
     let mut labels = member(
