@@ -147,25 +147,22 @@ async fn run(args: Args) -> anyhow::Result<()> {
     .await?;
     // Replicas start once the first is ready, so they find its CA and keys in the shared
     // data directory instead of racing to create them.
-    let mut replicas = Vec::new();
-    let mut started = Ok(());
+    let mut servers = vec![server];
+    let mut outcome = Ok(());
     for replica in 1..args.replicas {
-        match server.start_replica(replica).await {
-            Ok(started) => replicas.push(started),
+        match servers[0].start_replica(replica).await {
+            Ok(started) => servers.push(started),
             Err(err) => {
-                started = Err(err.context(format!("starting replica {replica}")));
+                outcome = Err(err.context(format!("starting replica {replica}")));
                 break;
             }
         }
     }
-    let mut servers = vec![server];
-    servers.extend(replicas);
-    let outcome = match started {
-        Ok(()) => run_bench(&args, &mut servers, database.description(), fd_limit).await,
-        Err(err) => Err(err),
-    };
-    let mut servers = servers.into_iter();
-    let server = servers.next().context("the first server")?;
+    if outcome.is_ok() {
+        outcome = run_bench(&args, &mut servers, database.description(), fd_limit).await;
+    }
+    // Never empty: the bench kills a replica only when there are two or more.
+    let server = servers.remove(0);
     for mut replica in servers {
         if let Err(err) = replica.stop().await {
             tracing::warn!(error = %err, "stopping a replica");
@@ -380,8 +377,8 @@ const SESSION_PAGE: u64 = 1000;
 struct Failover {
     /// Sessions the killed replica held (its `bc_gateway_sessions` just before).
     sessions_lost: u64,
-    /// Whether the killed replica ran the controllers; None if no replica said it did.
-    killed_leader: Option<bool>,
+    /// Whether a replica said it ran the controllers (then it is the one killed).
+    killed_leader: bool,
     /// From the kill until another replica ran the controllers (the killed one led them).
     new_leader: Option<Duration>,
     /// From the kill until every daemon had a session again (the simulator's count; the
@@ -501,7 +498,7 @@ async fn kill_one_replica(
     failures.extend(cordon_failures);
     Ok(Failover {
         sessions_lost,
-        killed_leader: leader.map(|_| true),
+        killed_leader: leader.is_some(),
         new_leader,
         reconnected: reconnected.unwrap_or_default(),
         served: served.unwrap_or_default(),
@@ -710,9 +707,9 @@ impl Report {
                 (
                     "  controllers led by another replica".into(),
                     match (f.killed_leader, f.new_leader) {
-                        (None, _) => "(no replica said it led them)".to_owned(),
-                        (Some(_), None) => "never".to_owned(),
-                        (Some(_), Some(d)) => format!("{:.1} s after the kill", d.as_secs_f64()),
+                        (false, _) => "(no replica said it led them)".to_owned(),
+                        (true, None) => "never".to_owned(),
+                        (true, Some(d)) => format!("{:.1} s after the kill", d.as_secs_f64()),
                     },
                     "issue 16: within 15 s",
                 ),
