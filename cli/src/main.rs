@@ -28,7 +28,9 @@ use std::time::Duration;
 /// mimalloc instead of the system's allocator: profiling a 10,000-node bring-up found glibc's
 /// `malloc`, `free` and their consolidation at about a fifth of the server's CPU (the database
 /// driver allocates per row and per statement, across threads), where mimalloc's per-thread
-/// free lists cost a fraction of that.
+/// free lists cost a fraction of that. Without the default `mimalloc` feature the system's
+/// allocator is used, so that `heaptrack` can see every allocation (README, "Profiling").
+#[cfg(feature = "mimalloc")]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -158,9 +158,10 @@ async fn session(
         .max_frame_size(MAX_FRAME_BYTES)
         .read_buffer_size(SESSION_READ_BUFFER_BYTES)
         .on_upgrade(move |socket| async move {
+            // Boxed, so that wrapping it (here, and in axum's task) does not copy it.
             attributed(
                 "gateway.session",
-                super::session::run(state, identity, socket),
+                Box::pin(super::session::run(state, identity, socket)),
             )
             .await;
             drop(task);
