@@ -158,7 +158,7 @@ async fn session(
         .max_frame_size(MAX_FRAME_BYTES)
         .read_buffer_size(SESSION_READ_BUFFER_BYTES)
         .on_upgrade(move |socket| async move {
-            // Boxed, so that wrapping it (here, and in axum's task) does not copy it.
+            // Boxed: allocated once, at its size, and axum's task around it holds a pointer.
             attributed(
                 "gateway.session",
                 Box::pin(super::session::run(state, identity, socket)),

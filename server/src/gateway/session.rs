@@ -713,10 +713,11 @@ mod tests {
     }
 
     /// An open session's future lives as long as the session: 10,000 sessions hold 10,000 of
-    /// them. Storage calls' futures are large (ending a session reaches the database: 8 KB
-    /// in a test build), and inline they made every session's future 17 KB here, about 36 KB
-    /// in a release build (heaptrack: most of the memory per node of issue 16). They run
-    /// boxed, only while they run; this keeps them so.
+    /// them. Storage calls' futures are large (ending a session reaches the database: 8 KB in
+    /// a test build), and inline, doubled by `attributed` when it was an `async fn`, they
+    /// made this future 17 KB in a test build; the task around it (which held it twice as
+    /// well) was 36 KB per session in a release build (heaptrack: most of the memory per node
+    /// of issue 16). What reaches storage runs boxed, only while it runs; this keeps it so.
     #[test]
     fn an_open_session_holds_a_small_future() {
         const BUDGET_BYTES: usize = 4096;
