@@ -188,9 +188,10 @@ where
 {
     async_stream::stream! {
         let mut last = after;
-        // Replay from the table until it has nothing newer.
+        // Replay from the table until it has nothing newer. The read runs boxed: inline, its
+        // storage future would stay in every subscriber's stream for as long as it follows.
         loop {
-            let batch = match read(last).await {
+            let batch = match Box::pin(read(last)).await {
                 Ok(batch) => batch,
                 Err(err) => { yield Err(err); return; }
             };
@@ -311,6 +312,32 @@ async fn tail(
             () = wake.notified() => tokio::time::sleep(COALESCE_WINDOW).await,
             () = tokio::time::sleep(POLL_FALLBACK) => {}
             _ = shutdown.changed() => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Feed;
+    use crate::held_sizes::size_returned_by;
+
+    /// A feed stream lives as long as its follower: each `nodeChanges` and `commandUpdates`
+    /// subscription holds one, as does each `events` subscription resuming from a cursor its
+    /// hub has passed, and issue 16 gives a subscriber 10 KB in all. The replay's read (the
+    /// events and their nodes from storage) ran inline, so every stream kept room for that
+    /// storage future while it followed the broadcast (3,720 bytes in a test build, 896
+    /// with the read boxed); it runs boxed now, only while it runs.
+    #[test]
+    fn a_subscriber_holds_a_small_stream() {
+        const BUDGET_BYTES: usize = 1024;
+        for (stream, size) in [
+            ("subscribe", size_returned_by(Feed::subscribe)),
+            ("subscribe_events", size_returned_by(Feed::subscribe_events)),
+        ] {
+            assert!(
+                size <= BUDGET_BYTES,
+                "Feed::{stream}'s stream is {size} bytes, over {BUDGET_BYTES}: box what it awaits that is large"
+            );
         }
     }
 }

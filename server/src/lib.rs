@@ -12,6 +12,8 @@ pub mod gateway;
 pub mod graphiql;
 pub mod graphql;
 pub mod graphql_ws;
+#[cfg(test)]
+mod held_sizes;
 pub mod http;
 pub mod listener;
 pub mod pki;

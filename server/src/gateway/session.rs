@@ -704,13 +704,7 @@ async fn close(sink: &mut Sink, ending: Ending) {
 
 #[cfg(test)]
 mod tests {
-    /// The size of the future `f` returns, without calling it.
-    fn future_size<A, B, C, F, Fut>(_: F) -> usize
-    where
-        F: FnOnce(A, B, C) -> Fut,
-    {
-        size_of::<Fut>()
-    }
+    use crate::held_sizes::size_returned_by;
 
     /// An open session's future lives as long as the session: 10,000 sessions hold 10,000 of
     /// them. Storage calls' futures are large (ending a session reaches the database: 8 KB in
@@ -721,7 +715,7 @@ mod tests {
     #[test]
     fn an_open_session_holds_a_small_future() {
         const BUDGET_BYTES: usize = 4096;
-        let size = future_size(super::run);
+        let size = size_returned_by(super::run);
         assert!(
             size <= BUDGET_BYTES,
             "a session's future is {size} bytes, over {BUDGET_BYTES}: box what it awaits that is large"

@@ -172,6 +172,39 @@ async fn every_refused_join_says_why_and_creates_nothing() {
     .await;
 }
 
+/// Joins through one token wait for its row only at their end, where the locked row is
+/// checked again: of joins sent at once, exactly as many as the token has uses left get
+/// in, and the others are refused as used up, having created nothing.
+#[tokio::test]
+async fn concurrent_joins_spend_a_token_exactly_to_its_last_use() {
+    const USES: i64 = 2;
+    const JOINS: usize = 6;
+    each_backend(async |s| {
+        let (site, pool) = s.site_and_pool(8).await;
+        let secret = s.join_token(&site, Some(&pool), USES).await;
+        let (token_id, _) = secret.split_once('.').unwrap();
+        let before = node_count(s).await;
+        let machines: Vec<Machine> = (0..JOINS).map(|_| Machine::new()).collect();
+        let answers = futures::future::join_all(machines.iter().enumerate().map(|(i, machine)| {
+            post_join(s, json!({
+                "token": secret, "csrPem": machine.csr(), "hostname": format!("gpu-{i}"), "identifiers": machine.identifiers,
+            }))
+        }))
+        .await;
+        let admitted = answers.iter().filter(|(status, _)| *status == 200).count();
+        assert_eq!(admitted, USES as usize, "{answers:#?}");
+        for (status, answer) in answers.iter().filter(|(status, _)| *status != 200) {
+            assert_eq!(*status, 401, "{answer:#}");
+            assert!(answer["message"].as_str().unwrap().contains("used up"), "{answer:#}");
+        }
+        assert_eq!(node_count(s).await, before + USES as u64);
+        let tokens = s.admin("{ joinTokens { nodes { id uses } } }", json!({})).await;
+        let token = tokens["joinTokens"]["nodes"].as_array().unwrap().iter().find(|t| t["id"] == token_id).unwrap().clone();
+        assert_eq!(token["uses"], USES);
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn replaced_identities_and_foreign_certificates_are_refused_at_the_gateway() {
     each_backend(async |s| {

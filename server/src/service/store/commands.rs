@@ -12,6 +12,9 @@ use sea_orm::{
 };
 use std::collections::HashMap;
 
+use super::batch_shapes::one_of;
+use sea_orm::sea_query::Expr;
+
 fn corrupt(column: &str, value: &str) -> anyhow::Error {
     anyhow!("corrupt row: commands.{column} = `{value}`")
 }
@@ -176,7 +179,11 @@ pub async fn load_many(
     let mut loaded = HashMap::with_capacity(sorted.len());
     for chunk in sorted.chunks(IDS_PER_QUERY) {
         let mut select = command::Entity::find()
-            .filter(command::Column::Id.is_in(super::batch_shapes::padded(chunk)))
+            .filter(one_of(
+                Expr::col(command::Column::Id),
+                chunk,
+                conn.get_database_backend(),
+            ))
             .order_by_asc(command::Column::Id);
         if for_update {
             select = super::lock_for_update(select, conn);
@@ -308,7 +315,11 @@ pub async fn of_nodes(
     let mut by_node: HashMap<NodeId, Vec<Command>> = HashMap::new();
     for chunk in sorted.chunks(IDS_PER_QUERY) {
         let mut select = command::Entity::find()
-            .filter(command::Column::NodeId.is_in(super::batch_shapes::padded(chunk)))
+            .filter(one_of(
+                Expr::col(command::Column::NodeId),
+                chunk,
+                conn.get_database_backend(),
+            ))
             .filter(command::Column::Status.is_in(statuses.iter().map(ToString::to_string)))
             .order_by_asc(command::Column::Id);
         if for_update {

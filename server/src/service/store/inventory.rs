@@ -1,13 +1,13 @@
 //! Inventory: the sections a daemon reported (`node_inventory_sections`, by hash) and the
 //! devices the Inventory controller derived from them (`node_devices`).
 
-use super::batch_shapes::{padded, runs};
+use super::batch_shapes::{one_of, runs};
 use bc_core::health::{Device, GPU_DEVICE_KIND};
 use bc_core::ids::NodeId;
 use bc_entity::{node_device, node_inventory_section};
 use chrono::{DateTime, Utc};
 use sea_orm::ActiveValue::Set;
-use sea_orm::sea_query::OnConflict;
+use sea_orm::sea_query::{Expr, OnConflict};
 use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 use std::collections::{BTreeMap, HashMap};
 
@@ -25,10 +25,11 @@ pub async fn hashes_of(
             .column(node_inventory_section::Column::NodeId)
             .column(node_inventory_section::Column::Section)
             .column(node_inventory_section::Column::Hash)
-            .filter(
-                node_inventory_section::Column::NodeId
-                    .is_in(padded(chunk).iter().map(ToString::to_string)),
-            )
+            .filter(one_of(
+                Expr::col(node_inventory_section::Column::NodeId),
+                chunk,
+                conn.get_database_backend(),
+            ))
             .into_tuple::<(String, String, String)>()
             .all(conn)
             .await?;
@@ -101,10 +102,11 @@ pub async fn sections_of(
     let mut sections: HashMap<NodeId, BTreeMap<String, serde_json::Value>> = HashMap::new();
     for chunk in ids.chunks(1_000) {
         let rows = node_inventory_section::Entity::find()
-            .filter(
-                node_inventory_section::Column::NodeId
-                    .is_in(padded(chunk).iter().map(ToString::to_string)),
-            )
+            .filter(one_of(
+                Expr::col(node_inventory_section::Column::NodeId),
+                chunk,
+                conn.get_database_backend(),
+            ))
             .all(conn)
             .await?;
         for row in rows {
@@ -153,9 +155,11 @@ pub async fn replace_devices(
     super::placement::lock_free_counts(conn, &ids).await?;
     for chunk in ids.chunks(1_000) {
         node_device::Entity::delete_many()
-            .filter(
-                node_device::Column::NodeId.is_in(padded(chunk).iter().map(ToString::to_string)),
-            )
+            .filter(one_of(
+                Expr::col(node_device::Column::NodeId),
+                chunk,
+                conn.get_database_backend(),
+            ))
             .exec(conn)
             .await?;
     }

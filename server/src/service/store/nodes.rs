@@ -17,7 +17,7 @@ use sea_orm::{
 };
 use std::collections::HashMap;
 
-use super::batch_shapes::{padded, runs};
+use super::batch_shapes::{one_of, runs};
 use super::node_filter::NodeFilter;
 use super::rows::{self, NodeChildren};
 
@@ -48,7 +48,11 @@ pub async fn load_many(
     let mut loaded = HashMap::with_capacity(sorted.len());
     for chunk in sorted.chunks(CHILD_LOAD_CHUNK) {
         let mut select = node::Entity::find()
-            .filter(node::Column::Id.is_in(padded(chunk)))
+            .filter(one_of(
+                Expr::col(node::Column::Id),
+                chunk,
+                conn.get_database_backend(),
+            ))
             .order_by_asc(node::Column::Id);
         if for_update {
             select = super::lock_for_update(select, conn);
@@ -119,7 +123,11 @@ pub async fn generation_and_pool_of_each(
             .column(node::Column::Id)
             .column(node::Column::Generation)
             .column(node::Column::PoolId)
-            .filter(node::Column::Id.is_in(padded(chunk).iter().map(ToString::to_string)))
+            .filter(one_of(
+                Expr::col(node::Column::Id),
+                chunk,
+                conn.get_database_backend(),
+            ))
             .into_tuple::<(String, i64, Option<String>)>()
             .all(conn)
             .await?;
@@ -162,7 +170,11 @@ pub async fn trusted_hardware_key_holders(
             .select_only()
             .column(node::Column::HardwareKey)
             .column(node::Column::Id)
-            .filter(node::Column::HardwareKey.is_in(padded(chunk)))
+            .filter(one_of(
+                Expr::col(node::Column::HardwareKey),
+                chunk,
+                conn.get_database_backend(),
+            ))
             .filter(node::Column::HardwareKeyTrusted.eq(true))
             .filter(node::Column::DeletedAt.is_null())
             .into_tuple::<(String, String)>()
@@ -202,7 +214,11 @@ pub async fn lock_many(conn: &impl ConnectionTrait, ids: &[NodeId]) -> anyhow::R
         let select = node::Entity::find()
             .select_only()
             .column(node::Column::Id)
-            .filter(node::Column::Id.is_in(padded(chunk)))
+            .filter(one_of(
+                Expr::col(node::Column::Id),
+                chunk,
+                conn.get_database_backend(),
+            ))
             .order_by_asc(node::Column::Id);
         super::lock_for_update(select, conn)
             .into_tuple::<String>()
@@ -232,7 +248,7 @@ async fn load_children(
 ) -> anyhow::Result<HashMap<String, NodeChildren>> {
     let mut by_node: HashMap<String, NodeChildren> = HashMap::new();
     for chunk in ids.chunks(CHILD_LOAD_CHUNK) {
-        let query = children_of(&padded(chunk), conn.get_database_backend());
+        let query = children_of(chunk, conn.get_database_backend());
         for row in conn.query_all(&query).await? {
             let node_id: String = row.try_get("", child::NODE_ID)?;
             let kind: String = row.try_get("", child::KIND)?;
@@ -324,6 +340,7 @@ fn children_of(ids: &[String], backend: DbBackend) -> sea_orm::sea_query::Select
         node_id: E::Column,
         slots: [Option<Expr>; 9],
         ids: &[String],
+        backend: DbBackend,
     ) -> sea_orm::sea_query::SelectStatement {
         let names = child::TEXT
             .iter()
@@ -342,7 +359,7 @@ fn children_of(ids: &[String], backend: DbBackend) -> sea_orm::sea_query::Select
         }
         select
             .from(entity)
-            .and_where(Expr::col(node_id).is_in(ids.iter().cloned()));
+            .and_where(one_of(Expr::col(node_id), ids, backend));
         select
     }
     use node_condition::Column as C;
@@ -368,6 +385,7 @@ fn children_of(ids: &[String], backend: DbBackend) -> sea_orm::sea_query::Select
             c(C::Proof),
         ],
         ids,
+        backend,
     );
     let taints = member(
         node_taint::Entity,
@@ -385,6 +403,7 @@ fn children_of(ids: &[String], backend: DbBackend) -> sea_orm::sea_query::Select
             None,
         ],
         ids,
+        backend,
     );
     // Each node's labels as one JSON array of `[key, value]` pairs, in the JSON slot, whose
     // type the conditions' `proof` gives: `jsonb` on PostgreSQL (so `jsonb_agg`: a `json`
@@ -410,6 +429,7 @@ fn children_of(ids: &[String], backend: DbBackend) -> sea_orm::sea_query::Select
             Some(Expr::cust(label_pairs)),
         ],
         ids,
+        backend,
     );
     labels.group_by_col(L::NodeId);
     let reasons = member(
@@ -428,6 +448,7 @@ fn children_of(ids: &[String], backend: DbBackend) -> sea_orm::sea_query::Select
             None,
         ],
         ids,
+        backend,
     );
     query.unions([
         (UnionType::All, taints),
@@ -563,7 +584,11 @@ where
     for chunk in nodes.chunks(CHILD_LOAD_CHUNK) {
         let ids: Vec<String> = chunk.iter().map(|n| n.id.to_string()).collect();
         E::delete_many()
-            .filter(node_id.is_in(padded(&ids)))
+            .filter(one_of(
+                Expr::col(node_id),
+                &ids,
+                conn.get_database_backend(),
+            ))
             .exec(conn)
             .await?;
     }

@@ -24,6 +24,7 @@ use sea_orm::{
 };
 use std::collections::{BTreeMap, HashMap};
 
+use super::batch_shapes::one_of;
 use super::schedule_sql;
 
 fn corrupt(table: &str, column: &str, value: &str) -> anyhow::Error {
@@ -506,9 +507,11 @@ pub async fn lock_free_counts(conn: &impl ConnectionTrait, nodes: &[NodeId]) -> 
     let lock = Query::select()
         .column(node_free_atom::Column::NodeId)
         .from(node_free_atom::Entity)
-        .and_where(
-            Expr::col(node_free_atom::Column::NodeId).is_in(super::batch_shapes::padded(&ids)),
-        )
+        .and_where(one_of(
+            Expr::col(node_free_atom::Column::NodeId),
+            &ids,
+            conn.get_database_backend(),
+        ))
         .order_by(node_free_atom::Column::NodeId, Order::Asc)
         .lock(LockType::Update)
         .to_owned();
@@ -531,13 +534,11 @@ pub async fn recount_free_atoms(
         .column((node::Entity, node::Column::PoolId))
         .expr(free_atoms_expr(None))
         .from(node::Entity)
-        .and_where(
-            node_col(node::Column::Id).is_in(
-                super::batch_shapes::padded(nodes)
-                    .iter()
-                    .map(ToString::to_string),
-            ),
-        )
+        .and_where(one_of(
+            node_col(node::Column::Id),
+            nodes,
+            conn.get_database_backend(),
+        ))
         .to_owned();
     let upsert = Query::insert()
         .into_table(node_free_atom::Entity)

@@ -2,7 +2,7 @@
 //! the gateway that holds it and `lastSeen`. Heartbeats write here, never to the node row, so
 //! they never bump the node's `version`.
 
-use super::batch_shapes::{padded, runs};
+use super::batch_shapes::{one_of, runs};
 use bc_core::ids::NodeId;
 use bc_core::node::Session;
 use bc_entity::node_session;
@@ -33,9 +33,11 @@ pub async fn next_epochs(
             .select_only()
             .column(node_session::Column::NodeId)
             .column(node_session::Column::Epoch)
-            .filter(
-                node_session::Column::NodeId.is_in(padded(chunk).iter().map(ToString::to_string)),
-            )
+            .filter(one_of(
+                Expr::col(node_session::Column::NodeId),
+                chunk,
+                conn.get_database_backend(),
+            ))
             .into_tuple::<(String, i64)>()
             .all(conn)
             .await?;
@@ -170,7 +172,11 @@ pub async fn record_heartbeats(
             .select_only()
             .column(node_session::Column::NodeId)
             .column(node_session::Column::Epoch)
-            .filter(node_session::Column::NodeId.is_in(padded(&ids)))
+            .filter(one_of(
+                Expr::col(node_session::Column::NodeId),
+                &ids,
+                conn.get_database_backend(),
+            ))
             .filter(node_session::Column::DisconnectedAt.is_null())
             .order_by_asc(node_session::Column::NodeId);
         let open: HashMap<String, i64> = super::lock_for_update(select, conn)
