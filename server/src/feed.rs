@@ -329,7 +329,7 @@ mod tests {
     /// with the read boxed); it runs boxed now, only while it runs.
     #[test]
     fn a_subscriber_holds_a_small_stream() {
-        const BUDGET_BYTES: usize = 1024;
+        const BUDGET_BYTES: usize = 2048;
         for (stream, size) in [
             ("subscribe", size_returned_by(Feed::subscribe)),
             ("subscribe_events", size_returned_by(Feed::subscribe_events)),

@@ -172,7 +172,7 @@ impl Services {
     /// compare-and-set save, its event, which the gateway holding the node's session turns
     /// into a cancel for the daemon), made by `by`; each with the status it had. The caller
     /// has locked the node; the command rows are locked here, in id order (lock order,
-    /// step 5).
+    /// step 6).
     pub(super) async fn cancel_open_commands_in(
         &self,
         txn: &WriteTxn,

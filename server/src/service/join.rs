@@ -222,6 +222,11 @@ impl Services {
         let actor = Actor::System;
         // The machine's node, if it has one: the live node holding its trusted hardware key
         // (it joined before), else the one it was enrolled as through its BMC.
+        // One join of this machine at a time, from its lookup to its commit (lock order,
+        // step 1).
+        if let (Some(key), true) = (&hw.key, hw.trusted) {
+            nodes::lock_hardware_key(&*txn, key).await?;
+        }
         let reclaimed = match (&hw.key, hw.trusted) {
             (Some(key), true) => match nodes::by_trusted_hardware_key(&*txn, key).await? {
                 Some(id) => Some((id, "its hardware key")),

@@ -205,6 +205,34 @@ async fn concurrent_joins_spend_a_token_exactly_to_its_last_use() {
     .await;
 }
 
+/// A daemon that retries a slow join sends its machine's joins at once: they go one at a
+/// time (the lock on the machine's hardware key), so the first creates the node and the
+/// others take it back, rather than each inserting a node with the one key.
+#[tokio::test]
+async fn a_machine_joining_several_times_at_once_is_one_node() {
+    const JOINS: usize = 4;
+    each_backend(async |s| {
+        let (site, pool) = s.site_and_pool(8).await;
+        let secret = s.join_token(&site, Some(&pool), JOINS as i64).await;
+        let machine = Machine::new();
+        let before = node_count(s).await;
+        let answers = futures::future::join_all((0..JOINS).map(|_| {
+            post_join(s, json!({
+                "token": secret, "csrPem": machine.csr(), "hostname": "gpu-retry", "identifiers": machine.identifiers,
+            }))
+        }))
+        .await;
+        for (status, answer) in &answers {
+            assert_eq!(*status, 200, "{answer:#}");
+        }
+        let node_ids: std::collections::BTreeSet<&str> =
+            answers.iter().map(|(_, answer)| answer["nodeId"].as_str().unwrap()).collect();
+        assert_eq!(node_ids.len(), 1, "{answers:#?}");
+        assert_eq!(node_count(s).await, before + 1);
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn replaced_identities_and_foreign_certificates_are_refused_at_the_gateway() {
     each_backend(async |s| {

@@ -81,6 +81,27 @@ pub async fn lock(conn: &impl ConnectionTrait, id: &NodeId) -> anyhow::Result<()
     Ok(())
 }
 
+/// The class of the advisory locks on hardware keys: the first of the two-key form, whose
+/// locks are apart from the event-order lock's one-key form (an arbitrary constant).
+const HARDWARE_KEY_LOCK_CLASS: i32 = 0x6268_6b79;
+
+/// Locks a machine's hardware key until the transaction ends (PostgreSQL), so that joins of
+/// one machine go one at a time: two at once (a daemon retrying a slow join) would both find
+/// no node holding the key, both insert one, and the second would fail on the unique index
+/// of trusted keys; with the lock, the second finds the first's node and takes it back.
+/// SQLite's write transaction holds the whole database already.
+pub async fn lock_hardware_key(conn: &impl ConnectionTrait, key: &str) -> anyhow::Result<()> {
+    if conn.get_database_backend() == DbBackend::Postgres {
+        conn.execute_raw(sea_orm::Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            "SELECT pg_advisory_xact_lock($1, hashtext($2))",
+            [HARDWARE_KEY_LOCK_CLASS.into(), key.into()],
+        ))
+        .await?;
+    }
+    Ok(())
+}
+
 /// [`lock`], on every backend, and whether the node exists.
 pub async fn lock_existing(conn: &impl ConnectionTrait, id: &NodeId) -> anyhow::Result<bool> {
     let select = node::Entity::find_by_id(id.to_string())
