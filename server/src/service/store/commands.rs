@@ -262,7 +262,11 @@ pub async fn newest_by(
         return Ok(newest);
     }
     let rows = command::Entity::find()
-        .filter(command::Column::NodeId.is_in(nodes.iter().map(ToString::to_string)))
+        .filter(one_of(
+            Expr::col(command::Column::NodeId),
+            nodes,
+            conn.get_database_backend(),
+        ))
         .filter(command::Column::Kind.eq(kind.to_string()))
         .filter(command::Column::CreatedBy.eq(actor.to_string()))
         .order_by_desc(command::Column::Id)
