@@ -220,13 +220,13 @@ impl Services {
             None => None,
         };
         let actor = Actor::System;
-        // The machine's node, if it has one: the live node holding its trusted hardware key
-        // (it joined before), else the one it was enrolled as through its BMC.
         // One join of this machine at a time, from its lookup to its commit (lock order,
         // step 1).
         if let (Some(key), true) = (&hw.key, hw.trusted) {
             nodes::lock_hardware_key(&*txn, key).await?;
         }
+        // The machine's node, if it has one: the live node holding its trusted hardware key
+        // (it joined before), else the one it was enrolled as through its BMC.
         let reclaimed = match (&hw.key, hw.trusted) {
             (Some(key), true) => match nodes::by_trusted_hardware_key(&*txn, key).await? {
                 Some(id) => Some((id, "its hardware key")),

@@ -7,13 +7,13 @@ use bc_core::ids::{CommandId, NodeId, TenantId};
 use bc_entity::command;
 use chrono::{DateTime, Duration, Utc};
 use sea_orm::ActiveValue::Set;
+use sea_orm::sea_query::Expr;
 use sea_orm::{
     ColumnTrait, Condition, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
 };
 use std::collections::HashMap;
 
 use super::batch_shapes::one_of;
-use sea_orm::sea_query::Expr;
 
 fn corrupt(column: &str, value: &str) -> anyhow::Error {
     anyhow!("corrupt row: commands.{column} = `{value}`")
