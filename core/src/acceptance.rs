@@ -37,6 +37,7 @@ use crate::catalog::HardwareProfile;
 use crate::clear::{self, DRIVER_VERSION_MISMATCH, GPU_COUNT_MISMATCH, GPU_MODEL_MISMATCH};
 use crate::command::{Command, CommandStatus};
 use crate::error::DomainError;
+use crate::event::EventType;
 use crate::node::NodeRecord;
 
 /// The `diag.nvml` level acceptance runs unless the pool says otherwise.
@@ -237,6 +238,28 @@ pub fn decide(
     } else {
         format!("acceptance passed: {}", passed.join(", "))
     })
+}
+
+/// Whether an event may give acceptance or the first spec something to do now, so that the
+/// controller loop runs their pass soon after it instead of at its next tick: the node's
+/// inventory arrived (its GPU count, labels or conditions changed), it connected, a command
+/// ended (a check's verdict), or its provision state moved (`adopted` wants its first spec,
+/// a recovered node is `adopting` again). Others cannot move a node through acceptance.
+pub fn may_advance(event_type: EventType) -> bool {
+    matches!(
+        event_type,
+        EventType::NodeGpuCountChanged
+            | EventType::NodeLabelSet
+            | EventType::NodeConditionChanged
+            | EventType::NodeConnectivityChanged
+            | EventType::NodeProvisionStateChanged
+            | EventType::NodeRejoined
+            | EventType::CommandSucceeded
+            | EventType::CommandFailed
+            | EventType::CommandTimedOut
+            | EventType::CommandCancelled
+            | EventType::CommandExpired
+    )
 }
 
 /// Why a finished diagnostic fails acceptance, in a line.
@@ -490,5 +513,33 @@ mod tests {
         }
         assert!(AcceptancePolicy::default().validate().is_ok());
         assert_eq!(AcceptancePolicy::default().diagnostic_level(), Some(2));
+    }
+
+    #[test]
+    fn only_events_that_may_move_a_node_through_acceptance_wake_its_pass() {
+        // A node's way through acceptance: it connects, reports its inventory, its check
+        // ends, it is adopted.
+        for wakes in [
+            EventType::NodeConnectivityChanged,
+            EventType::NodeGpuCountChanged,
+            EventType::NodeLabelSet,
+            EventType::CommandSucceeded,
+            EventType::CommandTimedOut,
+            EventType::NodeProvisionStateChanged,
+        ] {
+            assert!(may_advance(wakes), "{wakes}");
+        }
+        // A check under way, an operator's cordon or a booking decide nothing.
+        for quiet in [
+            EventType::CommandQueued,
+            EventType::CommandDispatched,
+            EventType::CommandRunning,
+            EventType::NodeCordoned,
+            EventType::NodeTainted,
+            EventType::AllocationBooked,
+            EventType::NodeSpecGeneration,
+        ] {
+            assert!(!may_advance(quiet), "{quiet}");
+        }
     }
 }

@@ -187,7 +187,7 @@ pub async fn start(config: &Config, clock: Arc<dyn Clock>) -> anyhow::Result<Run
     let controllers = config
         .liveness
         .enabled
-        .then(|| controllers::spawn(services.clone(), config.liveness.clone()));
+        .then(|| controllers::spawn(services.clone(), config.liveness.clone(), feed.clone()));
     let gateway = crate::gateway::Gateway::start(
         &config.gateway,
         (caps.gateway, caps.gateway_per_peer),

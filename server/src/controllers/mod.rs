@@ -11,8 +11,11 @@
 //! Each controller has a `tick()` that does one pass and returns a report; [`spawn`] runs
 //! them all every `liveness.tick_interval_secs` until stopped (the Power controller, whose
 //! passes wait on BMCs, on a task of its own with the same period), on one server of the
-//! deployment at a time: the holder of the controllers' lease ([`leadership`]). Tests leave the loop off and
-//! call `tick()` themselves with a `ManualClock`.
+//! deployment at a time: the holder of the controllers' lease ([`leadership`]). The Lifecycle
+//! pass (acceptance and first specs) also runs soon after any event that may move a node
+//! through it ([`LIFECYCLE_BATCH_WINDOW`]), so a node does not wait for ticks on its way to
+//! schedulable; its tick stays as the safety net for what no event announces. Tests leave
+//! the loop off and call `tick()` themselves with a `ManualClock`.
 
 pub mod commands;
 pub mod drain;
@@ -27,7 +30,10 @@ pub mod workflow;
 use bc_core::Actor;
 use bc_core::ids::NodeId;
 use bc_core::node::NodeRecord;
-use tokio::sync::oneshot;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 
@@ -43,8 +49,16 @@ pub use workflow::{WorkflowController, WorkflowReport};
 
 use crate::config::LivenessConfig;
 use crate::error::{ApiError, ApiResult};
+use crate::feed::Feed;
 use crate::service::Services;
 use crate::service::node_changes::{NodeChangeRequest, NodeTransition};
+
+/// How long the loop waits, once an event may have moved a node through acceptance
+/// ([`bc_core::acceptance::may_advance`]), before it runs the Lifecycle pass: the events of a
+/// burst (a fleet coming up writes hundreds a second) are served by one pass. Waiting for the
+/// tick instead cost each node up to two ticks (10 s) between connecting and being
+/// schedulable: one to queue its check and one to judge it.
+pub const LIFECYCLE_BATCH_WINDOW: Duration = Duration::from_millis(200);
 
 /// What became of one node a controller tried to change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -145,15 +159,25 @@ pub struct ControllerLoop {
     /// delay Liveness.
     power_stop: Option<oneshot::Sender<()>>,
     power_task: JoinHandle<()>,
+    /// Follows the event feed and wakes the Lifecycle pass ([`wake_lifecycle_on_events`]).
+    lifecycle_wakes: JoinHandle<()>,
 }
 
 /// Starts the loop. The first pass runs one `tick_interval` after start, not at once: the
-/// server has just started and its gateway's daemons are still reconnecting. Each tick runs
-/// only on the server that holds the controllers' lease ([`leadership`]).
-pub fn spawn(services: Services, config: LivenessConfig) -> ControllerLoop {
+/// server has just started and its gateway's daemons are still reconnecting. The lease is
+/// asked for at once, so that events can wake the Lifecycle pass from the start. Each pass
+/// runs only on the server that holds the controllers' lease ([`leadership`]).
+pub fn spawn(services: Services, config: LivenessConfig, feed: Arc<Feed>) -> ControllerLoop {
     let period = config.tick_interval();
     let leadership = Leadership::new(services.clone(), period);
     let power_leads = leadership.leading();
+    let lifecycle_leads = leadership.leading();
+    let lifecycle_wake = Arc::new(Notify::new());
+    let lifecycle_wakes = tokio::spawn(wake_lifecycle_on_events(
+        services.clone(),
+        feed,
+        lifecycle_wake.clone(),
+    ));
     let mut liveness = LivenessController::new(services.clone(), config);
     let mut drain = DrainController::new(services.clone());
     let mut commands = CommandTimingController::new(services.clone());
@@ -194,6 +218,7 @@ pub fn spawn(services: Services, config: LivenessConfig) -> ControllerLoop {
         // A tick that overran (a slow database) is not followed by a burst of catch-up
         // ticks: the next pass starts one period later.
         ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        leadership.check().await;
         loop {
             tokio::select! {
                 // Stopped, or the handle was dropped: either way, no further ticks. A pass
@@ -201,6 +226,13 @@ pub fn spawn(services: Services, config: LivenessConfig) -> ControllerLoop {
                 _ = &mut stopped => {
                     leadership.resign().await;
                     break;
+                }
+                () = lifecycle_wake.notified() => {
+                    tokio::time::sleep(LIFECYCLE_BATCH_WINDOW).await;
+                    // Between ticks this server follows the verdict of the last one.
+                    if lifecycle_leads.load(Ordering::Relaxed) {
+                        run_lifecycle(&mut lifecycle).await;
+                    }
                 }
                 _ = ticks.tick() => {
                     if !leadership.check().await {
@@ -221,11 +253,7 @@ pub fn spawn(services: Services, config: LivenessConfig) -> ControllerLoop {
                         Ok(_) => {}
                         Err(err) => tracing::warn!(code = err.code(), reason = %err.message(), "placement tick failed"),
                     }
-                    match crate::service::attributed("controller.lifecycle", lifecycle.tick()).await {
-                        Ok(report) if report != LifecycleReport::default() => tracing::info!(?report, "lifecycle tick"),
-                        Ok(_) => {}
-                        Err(err) => tracing::warn!(code = err.code(), reason = %err.message(), "lifecycle tick failed"),
-                    }
+                    run_lifecycle(&mut lifecycle).await;
                     match crate::service::attributed("controller.remediation", remediation.tick()).await {
                         Ok(report) if !report.is_quiet() => tracing::info!(?report, "remediation tick"),
                         Ok(_) => {}
@@ -245,12 +273,55 @@ pub fn spawn(services: Services, config: LivenessConfig) -> ControllerLoop {
         task,
         power_stop: Some(power_stop),
         power_task,
+        lifecycle_wakes,
+    }
+}
+
+/// One Lifecycle pass, logged.
+async fn run_lifecycle(lifecycle: &mut LifecycleController) {
+    match crate::service::attributed("controller.lifecycle", lifecycle.tick()).await {
+        Ok(report) if report != LifecycleReport::default() => {
+            tracing::info!(?report, "lifecycle pass");
+        }
+        Ok(_) => {}
+        Err(err) => {
+            tracing::warn!(code = err.code(), reason = %err.message(), "lifecycle pass failed");
+        }
+    }
+}
+
+/// Follows the event feed (every replica's commits) and wakes the Lifecycle pass for each
+/// event that may move a node through acceptance. A wake while a pass runs is kept, so what
+/// that pass may have missed gets the next. Falling behind the feed wakes it too (it looks at
+/// every candidate anyway), and following resumes from the feed's head a moment later.
+async fn wake_lifecycle_on_events(services: Services, feed: Arc<Feed>, wake: Arc<Notify>) {
+    use futures::StreamExt;
+    loop {
+        let events = feed.subscribe_events(services.clone(), feed.head());
+        tokio::pin!(events);
+        loop {
+            match events.next().await {
+                Some(Ok(event)) => {
+                    if bc_core::acceptance::may_advance(event.event_type) {
+                        wake.notify_one();
+                    }
+                }
+                Some(Err(_)) => {
+                    wake.notify_one();
+                    tokio::time::sleep(placement::FEED_RETRY).await;
+                    break;
+                }
+                // The feed ended: the server is stopping.
+                None => return,
+            }
+        }
     }
 }
 
 impl ControllerLoop {
     /// Stops the loop after the pass under way (if any) and waits for it.
     pub async fn stop(mut self) {
+        self.lifecycle_wakes.abort();
         for stop in [self.stop.take(), self.power_stop.take()]
             .into_iter()
             .flatten()

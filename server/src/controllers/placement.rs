@@ -32,7 +32,7 @@ pub const RETRY_BATCH_WINDOW: Duration = Duration::from_millis(50);
 /// says.
 pub const SAFETY_SWEEP: Duration = Duration::from_secs(60);
 /// How long the loop waits before following the feed again after it failed.
-const FEED_RETRY: Duration = Duration::from_secs(1);
+pub(crate) const FEED_RETRY: Duration = Duration::from_secs(1);
 /// How long the loop first waits before it retries pools whose retry failed (a busy or lost
 /// database): long enough not to spin on a database that is down, short enough that an
 /// operator does not notice. Each failure in a row doubles it, up to [`SAFETY_SWEEP`].

@@ -5,8 +5,8 @@
 //! on another driver meet their pools' acceptance rules. Both databases.
 
 use bc_testing::daemon::CaTrust;
-use bc_testing::each_backend;
 use bc_testing::sim::{Fleet, KnobOverride, SimOptions};
+use bc_testing::{each_backend, each_backend_with};
 use better_compute::controllers::LifecycleController;
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -116,6 +116,51 @@ async fn a_simulated_fleet_becomes_schedulable_by_itself_except_the_broken_machi
                 ),
                 (Some("ADOPTED"), Some(1))
             );
+        }
+        fleet.shutdown().await;
+    })
+    .await;
+}
+
+/// With the controllers running, a node goes through acceptance as the events of its way
+/// come (connected, inventory, its check's verdict, adopted), not at ticks: here the tick is
+/// an hour away, so only those events can move the fleet.
+#[tokio::test]
+async fn a_fleet_goes_through_acceptance_on_its_events_without_waiting_for_a_tick() {
+    let hour_long_ticks = |config: &mut better_compute::config::Config| {
+        config.liveness.enabled = true;
+        config.liveness.tick_interval_secs = 3600;
+    };
+    each_backend_with(hour_long_ticks, async |s| {
+        const FLEET: usize = 3;
+        let (site, pool) = s.site_and_pool(8).await;
+        let secret = s.join_token(&site, Some(&pool), FLEET as i64).await;
+        let fleet = Fleet::start(
+            &[s.gateway_url()],
+            &secret,
+            CaTrust::Pem(s.ca_pem()),
+            FLEET,
+            &SimOptions::default(),
+        )
+        .await
+        .expect("the fleet starts");
+        let deadline = tokio::time::Instant::now() + SETTLE;
+        loop {
+            let nodes = fleet_nodes(s).await;
+            let settled = nodes.len() == FLEET
+                && nodes.iter().all(|n| {
+                    n["provisionState"] == "ADOPTED"
+                        && n["observedGeneration"] == 1
+                        && n["schedulability"]["schedulable"] == true
+                });
+            if settled {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the fleet did not go through acceptance: {nodes:#?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
         fleet.shutdown().await;
     })
