@@ -11,6 +11,8 @@ use sea_orm::sea_query::Expr;
 use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 use std::collections::{BTreeMap, HashMap};
 
+use super::batch_shapes::one_of;
+
 /// A node's BMC as stored: the credentials still sealed.
 #[derive(Clone, PartialEq, Eq)]
 pub struct StoredBmc {
@@ -146,13 +148,14 @@ pub async fn due(
         return Ok(Vec::new());
     }
     let ids: Vec<String> = rows.iter().map(|r| r.node_id.clone()).collect();
+    let backend = conn.get_database_backend();
     let nodes: HashMap<String, (String, serde_json::Value, String)> = node::Entity::find()
         .select_only()
         .column(node::Column::Id)
         .column(node::Column::SiteId)
         .column(node::Column::Drivers)
         .column(node::Column::Power)
-        .filter(node::Column::Id.is_in(ids.clone()))
+        .filter(one_of(Expr::col(node::Column::Id), &ids, backend))
         .filter(node::Column::DeletedAt.is_null())
         .into_tuple::<(String, String, serde_json::Value, String)>()
         .all(conn)
@@ -163,7 +166,11 @@ pub async fn due(
     let unreachable: std::collections::HashSet<String> = node_condition::Entity::find()
         .select_only()
         .column(node_condition::Column::NodeId)
-        .filter(node_condition::Column::NodeId.is_in(ids.clone()))
+        .filter(one_of(
+            Expr::col(node_condition::Column::NodeId),
+            &ids,
+            backend,
+        ))
         .filter(node_condition::Column::ConditionType.eq(BMC_UNREACHABLE))
         .filter(node_condition::Column::Status.eq(ConditionStatus::True.to_string()))
         .into_tuple::<String>()
@@ -172,7 +179,11 @@ pub async fn due(
         .into_iter()
         .collect();
     let uuids: HashMap<String, String> = node_enrolled_identifier::Entity::find()
-        .filter(node_enrolled_identifier::Column::NodeId.is_in(ids))
+        .filter(one_of(
+            Expr::col(node_enrolled_identifier::Column::NodeId),
+            &ids,
+            backend,
+        ))
         .filter(node_enrolled_identifier::Column::Kind.eq("system-uuid"))
         .all(conn)
         .await?

@@ -9,11 +9,13 @@ use bc_core::node::NodeRecord;
 use bc_entity::event;
 use chrono::{DateTime, Utc};
 use sea_orm::ActiveValue::{NotSet, Set};
+use sea_orm::sea_query::Expr;
 use sea_orm::{
     ColumnTrait, Condition, ConnectionTrait, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder,
     QuerySelect,
 };
 
+use super::batch_shapes::one_of;
 use super::rows::recorded_event;
 use super::{Store, WriteTxn};
 
@@ -443,15 +445,16 @@ pub async fn newest_seqs_of_type(
         SeqKey::Cause => event::Column::Cause,
     };
     let mut newest = std::collections::HashMap::new();
+    let backend = conn.get_database_backend();
     for chunk in node_ids.chunks(IDS_PER_QUERY) {
         let mut select = event::Entity::find()
             .select_only()
             .column(key_column)
             .column_as(event::Column::Seq.max(), "seq")
-            .filter(event::Column::NodeId.is_in(chunk.iter().copied()))
+            .filter(one_of(Expr::col(event::Column::NodeId), chunk, backend))
             .filter(event::Column::EventType.eq(event_type.as_static_str()));
         if let Some(causes) = causes {
-            select = select.filter(event::Column::Cause.is_in(causes.iter().copied()));
+            select = select.filter(one_of(Expr::col(event::Column::Cause), causes, backend));
         }
         let rows = select
             .group_by(key_column)
@@ -470,7 +473,7 @@ pub enum SeqKey {
     Cause,
 }
 
-/// Ids per `IN (…)` list: far below SQLite's and PostgreSQL's bound-parameter limits.
+/// Ids per list ([`one_of`]): far below SQLite's bound-parameter limit.
 const IDS_PER_QUERY: usize = 1_000;
 
 /// Appends the event of one command status change (`command.<status>`), written when `txn`

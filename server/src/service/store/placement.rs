@@ -365,12 +365,16 @@ pub async fn release_allocations(
     if ids.is_empty() {
         return Ok(());
     }
-    let ids: Vec<String> = ids.iter().map(ToString::to_string).collect();
+    let backend = conn.get_database_backend();
     let nodes: Vec<NodeId> = atom_booking::Entity::find()
         .select_only()
         .column(atom_booking::Column::NodeId)
         .distinct()
-        .filter(atom_booking::Column::AllocationId.is_in(ids.clone()))
+        .filter(one_of(
+            Expr::col(atom_booking::Column::AllocationId),
+            ids,
+            backend,
+        ))
         .into_tuple::<String>()
         .all(conn)
         .await?
@@ -379,14 +383,18 @@ pub async fn release_allocations(
         .collect::<anyhow::Result<_>>()?;
     lock_free_counts(conn, &nodes).await?;
     atom_booking::Entity::delete_many()
-        .filter(atom_booking::Column::AllocationId.is_in(ids.clone()))
+        .filter(one_of(
+            Expr::col(atom_booking::Column::AllocationId),
+            ids,
+            backend,
+        ))
         .exec(conn)
         .await?;
     recount_free_atoms(conn, &nodes).await?;
     allocation::Entity::update_many()
         .col_expr(allocation::Column::ReleasedAt, Expr::val(now))
         .col_expr(allocation::Column::ReleaseReason, Expr::val(reason))
-        .filter(allocation::Column::Id.is_in(ids))
+        .filter(one_of(Expr::col(allocation::Column::Id), ids, backend))
         .filter(allocation::Column::ReleasedAt.is_null())
         .exec(conn)
         .await?;
@@ -438,7 +446,11 @@ pub async fn active_on_nodes(
         return Ok(Vec::new());
     }
     allocation::Entity::find()
-        .filter(allocation::Column::NodeId.is_in(nodes.iter().map(ToString::to_string)))
+        .filter(one_of(
+            Expr::col(allocation::Column::NodeId),
+            nodes,
+            conn.get_database_backend(),
+        ))
         .filter(allocation::Column::ReleasedAt.is_null())
         .order_by_asc(allocation::Column::NodeId)
         .order_by_asc(allocation::Column::BookedAt)
@@ -822,7 +834,11 @@ pub async fn lock_placeable(
         let mut query = pool_nodes(reservation);
         query
             .column((node::Entity, node::Column::Id))
-            .and_where(node_col(node::Column::Id).is_in(nodes.iter().map(ToString::to_string)))
+            .and_where(one_of(
+                node_col(node::Column::Id),
+                nodes,
+                conn.get_database_backend(),
+            ))
             .and_where(placeable(reservation))
             .order_by((node::Entity, node::Column::Id), Order::Asc);
         query
