@@ -137,8 +137,9 @@ pub struct LogConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LivenessConfig {
-    /// Run the background controller loop (Liveness and drain deadlines). `false` leaves
-    /// both to whoever calls their `tick()`: tests that drive time with a `ManualClock`.
+    /// Run the background controller loop (every controller, `controllers::spawn`). `false`
+    /// leaves them to whoever calls their `tick()`: tests that drive time with a
+    /// `ManualClock`.
     pub enabled: bool,
     /// How often a daemon heartbeats; the gateway tells daemons this in its `Hello` answer.
     pub heartbeat_interval_secs: u64,
@@ -146,7 +147,8 @@ pub struct LivenessConfig {
     pub grace_secs: u64,
     /// How long a node stays `unreachable` before it is `lost`.
     pub lost_after_secs: u64,
-    /// How often the controllers look at the fleet.
+    /// How often the controllers look at the fleet (acceptance also looks soon after the
+    /// events that may move a node through it).
     pub tick_interval_secs: u64,
     /// The fleet brake counts nodes of a site that went `unreachable` within this window.
     pub brake_window_secs: u64,
