@@ -12,7 +12,10 @@
 //! - keep-alive: a WebSocket ping every `api.ws_ping_interval_secs` (browsers and WebSocket
 //!   libraries answer by themselves); a socket from which nothing arrives within
 //!   `api.ws_pong_timeout_secs` of a ping, or that does not take a frame for as long as
-//!   both together, is closed with 3008 (timeout).
+//!   both together, is closed with 3008 (timeout);
+//! - a `subscribe` (`graphql-transport-ws`) that reuses the id of an operation still running
+//!   closes it with 4409, as that protocol says; the engine would replace the running one
+//!   silently.
 //!
 //! Live `events` subscriptions a hub can serve (`subscription_hubs`) do not run on the
 //! engine: the socket joins the hub of their shape, which resolves and serializes each event
@@ -52,6 +55,8 @@ pub const CLOSE_FORBIDDEN: u16 = 4403;
 pub const CLOSE_KEEPALIVE_TIMEOUT: u16 = 3008;
 /// RFC 6455 "going away": the server is stopping.
 pub const CLOSE_GOING_AWAY: u16 = 1001;
+/// `graphql-transport-ws`: a `subscribe` reused the id of an operation still running.
+pub const CLOSE_SUBSCRIBER_EXISTS: u16 = 4409;
 /// Hub subscriptions one socket may hold; more run on the engine. Each new shape allocates a
 /// hub's buffer ([`crate::subscription_hubs::HUB_BUFFER`] slots, about 160 KB), so one client
 /// cannot make the server allocate them without bound; a dashboard holds a handful.
@@ -90,6 +95,11 @@ struct Shared {
     principal: Option<Principal>,
     /// The ids of the subscriptions served by hubs, not by the engine.
     hub_ids: HashSet<String>,
+    /// The ids of the client's operations still running, on hubs or the engine
+    /// (`graphql-transport-ws` only: the older protocol lets an id be reused).
+    running_ids: HashSet<String>,
+    /// A `subscribe` reused this running operation's id; the reading side ended there.
+    reused_id: Option<String>,
     /// What the client asked of its hub subscriptions, for the socket's loop.
     hub_requests: VecDeque<HubRequest>,
     /// `connection_init` carried no valid token.
@@ -115,6 +125,7 @@ struct ClientMessages<S> {
     shared: Arc<Mutex<Shared>>,
     clock: Arc<dyn Clock>,
     hubs: Arc<SubscriptionHubs>,
+    protocol: WebSocketProtocols,
     /// Wakes the socket's loop when a hub request is queued.
     hub_wake: Arc<Notify>,
 }
@@ -127,7 +138,8 @@ enum HubRequest {
         joined: Joined,
     },
     /// Stop following it: the client completed it (`Complete`), or reused its id for a new
-    /// subscription (`Forget`, silently, as the engine replaces one).
+    /// subscription (`Forget`, silently, as the engine replaces one; only the older
+    /// protocol allows that).
     Complete {
         id: String,
     },
@@ -136,11 +148,22 @@ enum HubRequest {
     },
 }
 
-/// Routes one client message: `Some` for the engine, `None` when a hub took it.
-fn route(data: Bytes, hubs: &Arc<SubscriptionHubs>, shared: &mut Shared) -> Option<Bytes> {
+/// Routes one client message: `Some` for the engine, `None` when a hub took it or the
+/// message reused a running operation's id (`Shared::reused_id`, which ends the socket).
+fn route(
+    data: Bytes,
+    hubs: &Arc<SubscriptionHubs>,
+    protocol: WebSocketProtocols,
+    shared: &mut Shared,
+) -> Option<Bytes> {
     match ClientMessage::from_bytes(&data) {
         Ok(ClientMessage::Start { id, payload }) => {
-            if shared.hub_ids.remove(&id) {
+            if protocol == WebSocketProtocols::GraphQLWS {
+                if !shared.running_ids.insert(id.clone()) {
+                    shared.reused_id = Some(id);
+                    return None;
+                }
+            } else if shared.hub_ids.remove(&id) {
                 shared
                     .hub_requests
                     .push_back(HubRequest::Forget { id: id.clone() });
@@ -166,9 +189,14 @@ fn route(data: Bytes, hubs: &Arc<SubscriptionHubs>, shared: &mut Shared) -> Opti
                 None => Some(data),
             }
         }
-        Ok(ClientMessage::Stop { id }) if shared.hub_ids.remove(&id) => {
-            shared.hub_requests.push_back(HubRequest::Complete { id });
-            None
+        Ok(ClientMessage::Stop { id }) => {
+            shared.running_ids.remove(&id);
+            if shared.hub_ids.remove(&id) {
+                shared.hub_requests.push_back(HubRequest::Complete { id });
+                None
+            } else {
+                Some(data)
+            }
         }
         // Everything else, malformed messages included, is the engine's to answer.
         _ => Some(data),
@@ -205,7 +233,10 @@ where
                 shared.arrived_expired = true;
                 return Poll::Ready(None);
             }
-            let for_engine = route(data, &self.hubs, &mut shared);
+            let for_engine = route(data, &self.hubs, self.protocol, &mut shared);
+            if shared.reused_id.is_some() {
+                return Poll::Ready(None);
+            }
             // A message the engine takes may also have queued a request (a reused id's hub
             // subscription to forget), so the loop is woken whenever one is queued.
             let queued = !shared.hub_requests.is_empty();
@@ -264,6 +295,7 @@ pub async fn serve(
         shared: shared.clone(),
         clock: clock.clone(),
         hubs,
+        protocol,
         hub_wake: hub_wake.clone(),
     };
     let mut hub_subscriptions = HubSubscriptions::new(protocol);
@@ -313,6 +345,9 @@ pub async fn serve(
         tokio::select! {
             out = engine.next() => match out {
                 Some(WsMessage::Text(text)) => {
+                    if let Some(id) = completed_operation(&text) {
+                        lock(&shared).running_ids.remove(&id);
+                    }
                     if !send(&mut sink, Message::Text(text.into()), limits.write_timeout()).await {
                         break Some(Closing::ours(CLOSE_KEEPALIVE_TIMEOUT, "the client does not read", "write_timeout"));
                     }
@@ -328,7 +363,17 @@ pub async fn serve(
                         Closing { code, reason, metric: None }
                     });
                 }
-                None => break lock(&shared).arrived_expired.then(Closing::expired),
+                None => {
+                    let shared = lock(&shared);
+                    break match &shared.reused_id {
+                        Some(id) => Some(Closing::ours(
+                            CLOSE_SUBSCRIBER_EXISTS,
+                            &format!("Subscriber for {id} already exists"),
+                            "subscriber_exists",
+                        )),
+                        None => shared.arrived_expired.then(Closing::expired),
+                    };
+                }
             },
             () = hub_wake.notified() => {
                 let mut failed = false;
@@ -341,7 +386,7 @@ pub async fn serve(
                         hub_expiry.as_mut().reset(Instant::now() + until(expires_at, Utc::now()));
                         hub_expiry_armed = true;
                     }
-                    if !hub_subscriptions.handle(request, &shared, &mut sink, limits.write_timeout()).await {
+                    if !hub_subscriptions.handle(request, &mut sink, limits.write_timeout()).await {
                         failed = true;
                         break;
                     }
@@ -462,13 +507,7 @@ impl HubSubscriptions {
 
     /// Follows or stops following a hub subscription, as the client asked. False if the
     /// socket failed.
-    async fn handle(
-        &mut self,
-        request: HubRequest,
-        shared: &Mutex<Shared>,
-        sink: &mut Sink,
-        timeout: Duration,
-    ) -> bool {
+    async fn handle(&mut self, request: HubRequest, sink: &mut Sink, timeout: Duration) -> bool {
         match request {
             HubRequest::Follow { id, joined } => {
                 let stream = BroadcastStream::new(joined.payloads)
@@ -487,12 +526,12 @@ impl HubSubscriptions {
                 self.subscriptions.insert(id, following);
                 true
             }
-            HubRequest::Complete { id } => match self.forget(&id, shared) {
+            HubRequest::Complete { id } => match self.forget(&id) {
                 Some(following) => send(sink, complete_frame(&following.id_json), timeout).await,
                 None => true,
             },
             HubRequest::Forget { id } => {
-                self.forget(&id, shared);
+                self.forget(&id);
                 true
             }
         }
@@ -532,7 +571,7 @@ impl HubSubscriptions {
                     .error_payload(ApiError::resume_after(following.cursor));
                 self.end(&id, &payload, shared, sink, timeout).await
             }
-            HubDelivery::Ended => match self.forget(&id, shared) {
+            HubDelivery::Ended => match self.release(&id, shared) {
                 Some(following) => send(sink, complete_frame(&following.id_json), timeout).await,
                 None => true,
             },
@@ -572,18 +611,28 @@ impl HubSubscriptions {
         sink: &mut Sink,
         timeout: Duration,
     ) -> bool {
-        let Some(following) = self.forget(id, shared) else {
+        let Some(following) = self.release(id, shared) else {
             return true;
         };
         send_next(self.next_type, sink, &following.id_json, payload, timeout).await
             && send(sink, complete_frame(&following.id_json), timeout).await
     }
 
-    /// Stops following subscription `id`.
-    fn forget(&mut self, id: &str, shared: &Mutex<Shared>) -> Option<Following> {
-        lock(shared).hub_ids.remove(id);
+    /// Stops following subscription `id`, which the client stopped or replaced: the reading
+    /// side has already freed its id (`route`), and may since have given it to a new
+    /// subscription, whose id this must not free.
+    fn forget(&mut self, id: &str) -> Option<Following> {
         self.streams.remove(id);
         self.subscriptions.remove(id)
+    }
+
+    /// Stops following subscription `id`, which the server ends, and frees its id.
+    fn release(&mut self, id: &str, shared: &Mutex<Shared>) -> Option<Following> {
+        let mut shared = lock(shared);
+        shared.hub_ids.remove(id);
+        shared.running_ids.remove(id);
+        drop(shared);
+        self.forget(id)
     }
 }
 
@@ -598,6 +647,19 @@ async fn send_next(
 ) -> bool {
     let frame = format!(r#"{{"type":"{next_type}","id":{id_json},"payload":{payload}}}"#);
     send(sink, Message::Text(frame.into()), timeout).await
+}
+
+/// The id of the operation an engine frame completes: its operations end with `complete`
+/// (an error is a `next` before it), whether they finished or the client stopped them.
+fn completed_operation(frame: &str) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Complete {
+        id: String,
+    }
+    if !frame.starts_with(r#"{"type":"complete""#) {
+        return None;
+    }
+    serde_json::from_str::<Complete>(frame).ok().map(|c| c.id)
 }
 
 fn complete_frame(id_json: &str) -> Message {

@@ -15,7 +15,7 @@
 use crate::raw_daemon::*;
 use bc_core::clock::Clock;
 use bc_core::protocol::{DaemonMessage, GatewayMessage};
-use bc_testing::subscription::{ConnectError, ConnectOptions, SubscriptionClient};
+use bc_testing::subscription::{ConnectError, ConnectOptions, SubMessage, SubscriptionClient};
 use bc_testing::{Backend, TestServer};
 use better_compute::auth::Role;
 use better_compute::config::Config;
@@ -632,6 +632,61 @@ async fn a_subscription_socket_that_stops_answering_pings_is_closed() {
             );
             assert_eq!(deaf.closed().map(|(code, _)| *code), Some(3008));
             live.close().await;
+        },
+    )
+    .await;
+}
+
+/// `graphql-transport-ws`: a `subscribe` that reuses the id of an operation still running
+/// closes the socket with 4409, whether a hub (`events`) or the engine (`nodeChanges`) runs
+/// it; the id of an operation that completed, or that the client stopped, may be used again.
+#[tokio::test]
+async fn a_subscribe_reusing_a_running_operations_id_closes_the_socket_with_4409() {
+    const QUERY: &str = "{ nodes(first: 1) { edges { node { id } } } }";
+    const NODE_CHANGES: &str = "subscription { nodeChanges { kind } }";
+    each_backend_with(
+        |_| {},
+        async |s| {
+            let token = s.token(Role::Admin);
+            for running in [EVENTS, NODE_CHANGES] {
+                let mut client = SubscriptionClient::connect(&s.url(), &token).await.unwrap();
+                // A query completes by itself, and its id is free again.
+                for _ in 0..2 {
+                    client.subscribe("q", QUERY, json!({})).await.unwrap();
+                    let answer = client.next("q", WAIT).await.unwrap();
+                    assert!(answer.data().is_some(), "{answer:?}");
+                    assert_eq!(client.next("q", WAIT).await.unwrap(), SubMessage::Complete);
+                }
+                // A subscription the client stopped frees its id at once.
+                client.subscribe("s", running, json!({})).await.unwrap();
+                client.complete("s").await.unwrap();
+                client.subscribe("s", running, json!({})).await.unwrap();
+                client.subscribe("q", QUERY, json!({})).await.unwrap();
+                let answer = client.next("q", WAIT).await.unwrap();
+                assert!(
+                    answer.data().is_some(),
+                    "{running}: the socket is open: {answer:?}"
+                );
+                assert!(
+                    client.closed().is_none(),
+                    "{running}: {:?}",
+                    client.closed()
+                );
+                // Running: reusing its id closes the socket.
+                client.subscribe("s", running, json!({})).await.unwrap();
+                let deadline = Instant::now() + WAIT;
+                while client.closed().is_none() && Instant::now() < deadline {
+                    if client.next_any(WAIT).await.is_err() {
+                        break;
+                    }
+                }
+                let closed = client.closed().cloned();
+                assert_eq!(
+                    closed,
+                    Some((4409, "Subscriber for s already exists".to_owned())),
+                    "{running}"
+                );
+            }
         },
     )
     .await;
