@@ -50,6 +50,19 @@ pub enum CsrError {
     Malformed(String),
 }
 
+/// A node's certificate signing request, parsed, with its signature verified: it proves the
+/// requester holds the key. A join parses it before it writes anything, so that a bad one
+/// is refused without touching the database, and the CA signs it at the join's end.
+pub struct NodeCsr(CertificateSigningRequestParams);
+
+impl NodeCsr {
+    pub fn parse(pem: &str) -> Result<NodeCsr, CsrError> {
+        CertificateSigningRequestParams::from_pem(pem)
+            .map(NodeCsr)
+            .map_err(|e| CsrError::Malformed(e.to_string()))
+    }
+}
+
 fn to_time(t: DateTime<Utc>) -> time::OffsetDateTime {
     time::OffsetDateTime::from_unix_timestamp(t.timestamp())
         .unwrap_or(time::OffsetDateTime::UNIX_EPOCH)
@@ -126,19 +139,16 @@ impl Ca {
         &self.fingerprint
     }
 
-    /// Signs a node certificate for the key in `csr_pem`. The CSR proves possession of the
-    /// key (its signature is verified); everything else in it is ignored: the identity comes
-    /// from the control plane, never from the requester.
+    /// Signs a node certificate for the key of `csr`. Everything else in the CSR is ignored:
+    /// the identity comes from the control plane, never from the requester.
     pub fn sign_node(
         &self,
-        csr_pem: &str,
+        csr: &NodeCsr,
         node_id: &NodeId,
         identity_generation: i64,
         now: DateTime<Utc>,
         lifetime: Duration,
     ) -> Result<Signed, CsrError> {
-        let csr = CertificateSigningRequestParams::from_pem(csr_pem)
-            .map_err(|e| CsrError::Malformed(e.to_string()))?;
         let mut params = CertificateParams::default();
         let mut name = DistinguishedName::new();
         name.push(DnType::CommonName, node_id.as_str());
@@ -156,7 +166,7 @@ impl Ca {
         params.not_after = to_time(not_after);
         params.serial_number = Some(random_serial());
         let cert = params
-            .signed_by(&csr.public_key, &self.issuer)
+            .signed_by(&csr.0.public_key, &self.issuer)
             .map_err(|e| CsrError::Malformed(e.to_string()))?;
         Ok(Signed {
             pem: cert.pem(),
@@ -225,7 +235,13 @@ mod tests {
             .expect("pem");
         let node = NodeId::generate();
         let signed = again
-            .sign_node(&csr, &node, 3, now, Duration::hours(24))
+            .sign_node(
+                &NodeCsr::parse(&csr).expect("a CSR"),
+                &node,
+                3,
+                now,
+                Duration::hours(24),
+            )
             .expect("signed");
         let der: CertificateDer<'static> =
             rustls_pki_types::pem::PemObject::from_pem_slice(signed.pem.as_bytes()).expect("pem");
@@ -240,13 +256,7 @@ mod tests {
 
     #[test]
     fn garbage_and_tampered_csrs_are_refused() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let ca = Ca::load_or_create(dir.path(), Utc::now()).expect("created");
-        let node = NodeId::generate();
-        assert!(
-            ca.sign_node("not a csr", &node, 1, Utc::now(), Duration::hours(1))
-                .is_err()
-        );
+        assert!(NodeCsr::parse("not a csr").is_err());
         let key = KeyPair::generate().expect("key");
         let csr = CertificateParams::new(vec!["a.example".to_owned()])
             .expect("params")
@@ -256,10 +266,7 @@ mod tests {
         let last = der.len() - 1;
         der[last] ^= 0xff;
         let tampered = pem_encode("CERTIFICATE REQUEST", &der);
-        assert!(
-            ca.sign_node(&tampered, &node, 1, Utc::now(), Duration::hours(1))
-                .is_err()
-        );
+        assert!(NodeCsr::parse(&tampered).is_err());
     }
 
     fn pem_encode(label: &str, der: &[u8]) -> String {

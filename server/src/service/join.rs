@@ -18,7 +18,7 @@ use super::catalog::Page;
 use super::store::{WriteTxn, catalog, enrolled_identifiers, events, join_tokens, nodes};
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
-use crate::pki::NodeIdentity;
+use crate::pki::{NodeCsr, NodeIdentity};
 
 /// A join token lives a day unless asked otherwise: long enough to image a rack, short
 /// enough that a leaked one is soon worthless.
@@ -37,6 +37,11 @@ pub struct NewJoinToken {
     pub lifetime: Option<Duration>,
     pub max_uses: Option<i64>,
     pub description: String,
+}
+
+/// `pem` as a node's CSR; `BAD_USER_INPUT` if it is not one or its signature is wrong.
+fn parse_csr(pem: &str) -> ApiResult<NodeCsr> {
+    NodeCsr::parse(pem).map_err(|e| ApiError::BadUserInput(e.to_string()))
 }
 
 /// The token `id` if it admits one more join by someone presenting `secret` at `now`; its row
@@ -187,23 +192,15 @@ impl Services {
         bc_core::node::validate_hostname(&request.hostname)?;
         let now = self.clock.now();
         let hw = hardware_key(&request.identifiers);
+        // The CSR is checked before the transaction begins: a bad one writes nothing, and
+        // checking its signature does not hold the database's writer.
+        let csr = parse_csr(&request.csr_pem)?;
 
         let txn = self.store.write().await?;
         // The token admits the join twice: here, unlocked, so that a refused join writes
         // nothing; and at the end, on its row locked for the rest of the transaction, which
         // decides (see `count_use` below).
         let token = admitting_token(&txn, &token_id, secret, now, false).await?;
-        // Check the CSR before writing anything; it is signed again below with the final
-        // identity generation.
-        self.ca
-            .sign_node(
-                &request.csr_pem,
-                &NodeId::generate(),
-                0,
-                now,
-                Duration::hours(1),
-            )
-            .map_err(|e| ApiError::BadUserInput(e.to_string()))?;
         let site = catalog::site(&*txn, &token.site_id).await?.ok_or_else(|| {
             ApiError::internal(anyhow::anyhow!(
                 "join token {} names a missing site",
@@ -308,7 +305,7 @@ impl Services {
                 node
             }
         };
-        let identity = self.issue(&request.csr_pem, &node.id, node.identity_generation, now)?;
+        let identity = self.issue(&csr, &node.id, node.identity_generation, now)?;
         // Every join through one token counts its use on the token's row, so joins wait on
         // each other for that row's lock: taken last, it is held for this statement and the
         // commit only, not for the whole join (on PostgreSQL at 10,000 joins, holding it from
@@ -360,7 +357,7 @@ impl Services {
         self.check_identity(identity).await?;
         let now = self.clock.now();
         let issued = self.issue(
-            &request.csr_pem,
+            &parse_csr(&request.csr_pem)?,
             &identity.node_id,
             identity.identity_generation,
             now,
@@ -371,7 +368,7 @@ impl Services {
 
     fn issue(
         &self,
-        csr_pem: &str,
+        csr: &NodeCsr,
         node_id: &NodeId,
         generation: i64,
         now: DateTime<Utc>,
@@ -379,7 +376,7 @@ impl Services {
         let lifetime = Duration::hours(CERTIFICATE_LIFETIME_HOURS);
         let signed = self
             .ca
-            .sign_node(csr_pem, node_id, generation, now, lifetime)
+            .sign_node(csr, node_id, generation, now, lifetime)
             .map_err(|e| ApiError::BadUserInput(e.to_string()))?;
         Ok(IssuedIdentity {
             node_id: node_id.to_string(),

@@ -9,6 +9,7 @@ use crate::raw_daemon::*;
 use bc_core::clock::Clock;
 use bc_core::protocol::{DaemonMessage, GatewayMessage, IssuedIdentity, section_hash};
 use bc_testing::each_backend;
+use better_compute::pki::NodeCsr;
 use futures::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
@@ -293,14 +294,14 @@ async fn replaced_identities_and_foreign_certificates_are_refused_at_the_gateway
         let other_dir = tempfile::tempdir().unwrap();
         let other_ca = better_compute::pki::Ca::load_or_create(other_dir.path(), chrono::Utc::now()).unwrap();
         let node_id = bc_core::ids::NodeId::parse(&again.node_id).unwrap();
-        let forged = other_ca.sign_node(&machine.csr(), &node_id, 3, chrono::Utc::now(), chrono::Duration::hours(24)).unwrap();
+        let forged = other_ca.sign_node(&NodeCsr::parse(&machine.csr()).unwrap(), &node_id, 3, chrono::Utc::now(), chrono::Duration::hours(24)).unwrap();
         let err = connect(s, &forged.pem, machine.key_der()).await.expect_err("a foreign CA is refused");
         assert!(err.starts_with("tls") || err.contains("upgrade"), "{err}");
         let expired = s
             .server
             .services
             .ca
-            .sign_node(&machine.csr(), &node_id, 3, chrono::Utc::now() - chrono::Duration::hours(48), chrono::Duration::hours(24))
+            .sign_node(&NodeCsr::parse(&machine.csr()).unwrap(), &node_id, 3, chrono::Utc::now() - chrono::Duration::hours(48), chrono::Duration::hours(24))
             .unwrap();
         assert!(connect(s, &expired.pem, machine.key_der()).await.is_err(), "an expired certificate is refused");
 
