@@ -243,12 +243,14 @@ pub fn decide(
 /// Whether an event may give acceptance or the first spec something to do now, so that the
 /// controller loop runs their pass soon after it instead of at its next tick: the node's
 /// inventory arrived (its GPU count, labels or conditions changed), it connected, a command
-/// ended (a check's verdict), or its provision state moved (`adopted` wants its first spec,
-/// a recovered node is `adopting` again). Others cannot move a node through acceptance.
+/// ended (any command: a check's verdict among them), its provision state moved (`adopted`
+/// wants its first spec, a recovered node is `adopting` again), or its pool's acceptance
+/// policy changed (`pool.updated`). No other event can move a node through acceptance.
 pub fn may_advance(event_type: EventType) -> bool {
     matches!(
         event_type,
-        EventType::NodeGpuCountChanged
+        EventType::PoolUpdated
+            | EventType::NodeGpuCountChanged
             | EventType::NodeLabelSet
             | EventType::NodeConditionChanged
             | EventType::NodeConnectivityChanged
@@ -526,10 +528,12 @@ mod tests {
             EventType::CommandSucceeded,
             EventType::CommandTimedOut,
             EventType::NodeProvisionStateChanged,
+            EventType::PoolUpdated,
         ] {
             assert!(may_advance(wakes), "{wakes}");
         }
-        // A check under way, an operator's cordon or a booking decide nothing.
+        // A check under way, an operator's cordon or taint, a booking, or the first spec
+        // (written by the pass itself) decide nothing.
         for quiet in [
             EventType::CommandQueued,
             EventType::CommandDispatched,

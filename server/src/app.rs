@@ -22,7 +22,7 @@ pub struct RunningServer {
     pub local_addr: SocketAddr,
     pub keys: Arc<TokenKeys>,
     pub services: Services,
-    /// The background controllers (Liveness, drain deadlines), while they run.
+    /// The background controllers (`controllers::spawn`), while they run.
     controllers: std::sync::Mutex<Option<ControllerLoop>>,
     /// The daemon-facing TLS listener.
     pub gateway: Option<crate::gateway::Gateway>,

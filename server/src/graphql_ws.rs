@@ -93,8 +93,13 @@ struct Shared {
     expires_at: Option<DateTime<Utc>>,
     /// Who the token is, once `connection_init` carried a valid one.
     principal: Option<Principal>,
-    /// The ids of the subscriptions served by hubs, not by the engine.
-    hub_ids: HashSet<String>,
+    /// The ids of the subscriptions served by hubs, not by the engine, each with the
+    /// number the socket gave that subscription: the client may complete an id and reuse it
+    /// before the socket's loop has handled the first, and whatever the loop then does for
+    /// the first must not touch the second.
+    hub_ids: HashMap<String, u64>,
+    /// The number the next hub subscription gets.
+    next_hub_subscription: u64,
     /// The ids of the client's operations still running, on hubs or the engine
     /// (`graphql-transport-ws` only: the older protocol lets an id be reused).
     running_ids: HashSet<String>,
@@ -136,6 +141,8 @@ enum HubRequest {
     Follow {
         id: String,
         joined: Joined,
+        /// Its number in `Shared::hub_ids`.
+        number: u64,
     },
     /// Stop following it: the client completed it (`Complete`), or reused its id for a new
     /// subscription (`Forget`, silently, as the engine replaces one; only the older
@@ -163,7 +170,7 @@ fn route(
                     shared.reused_id = Some(id);
                     return None;
                 }
-            } else if shared.hub_ids.remove(&id) {
+            } else if shared.hub_ids.remove(&id).is_some() {
                 shared
                     .hub_requests
                     .push_back(HubRequest::Forget { id: id.clone() });
@@ -180,10 +187,12 @@ fn route(
                 .and_then(|shared_request| hubs.join(shared_request, &principal));
             match joined {
                 Some(joined) => {
-                    shared.hub_ids.insert(id.clone());
+                    let number = shared.next_hub_subscription;
+                    shared.next_hub_subscription += 1;
+                    shared.hub_ids.insert(id.clone(), number);
                     shared
                         .hub_requests
-                        .push_back(HubRequest::Follow { id, joined });
+                        .push_back(HubRequest::Follow { id, joined, number });
                     None
                 }
                 None => Some(data),
@@ -191,7 +200,7 @@ fn route(
         }
         Ok(ClientMessage::Stop { id }) => {
             shared.running_ids.remove(&id);
-            if shared.hub_ids.remove(&id) {
+            if shared.hub_ids.remove(&id).is_some() {
                 shared.hub_requests.push_back(HubRequest::Complete { id });
                 None
             } else {
@@ -484,6 +493,8 @@ struct HubSubscriptions {
 
 /// One hub subscription of the socket.
 struct Following {
+    /// Its number in `Shared::hub_ids` while it is the client's subscription of its id.
+    number: u64,
     /// Its id, as JSON.
     id_json: String,
     /// The cursor of the last event it was sent (or where it started).
@@ -509,7 +520,7 @@ impl HubSubscriptions {
     /// socket failed.
     async fn handle(&mut self, request: HubRequest, sink: &mut Sink, timeout: Duration) -> bool {
         match request {
-            HubRequest::Follow { id, joined } => {
+            HubRequest::Follow { id, joined, number } => {
                 let stream = BroadcastStream::new(joined.payloads)
                     .map(|received| match received {
                         Ok(item) => HubDelivery::Payload(item),
@@ -518,6 +529,7 @@ impl HubSubscriptions {
                     .chain(futures::stream::iter([HubDelivery::Ended]));
                 self.streams.insert(id.clone(), Box::pin(stream));
                 let following = Following {
+                    number,
                     id_json: serde_json::Value::from(id.as_str()).to_string(),
                     cursor: joined.cursor,
                     skip_through: joined.skip_through,
@@ -626,9 +638,15 @@ impl HubSubscriptions {
         self.subscriptions.remove(id)
     }
 
-    /// Stops following subscription `id`, which the server ends, and frees its id.
+    /// Stops following subscription `id`, which the server ends, and frees its id; `None`
+    /// (and nothing done) when the client has already completed or replaced it, whose
+    /// request, queued, ends it instead: the client is then told nothing more of it.
     fn release(&mut self, id: &str, shared: &Mutex<Shared>) -> Option<Following> {
+        let number = self.subscriptions.get(id)?.number;
         let mut shared = lock(shared);
+        if shared.hub_ids.get(id) != Some(&number) {
+            return None;
+        }
         shared.hub_ids.remove(id);
         shared.running_ids.remove(id);
         drop(shared);

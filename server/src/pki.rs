@@ -43,11 +43,15 @@ pub struct NodeIdentity {
     pub identity_generation: i64,
 }
 
-/// Why a CSR was refused.
+/// Why a CSR was refused, or could not be signed.
 #[derive(Debug, thiserror::Error)]
 pub enum CsrError {
     #[error("the CSR is not a valid PKCS#10 request: {0}")]
     Malformed(String),
+    /// The CA could not sign a certificate for a valid CSR: the server's fault, not the
+    /// requester's.
+    #[error("signing the node certificate failed: {0}")]
+    Signing(String),
 }
 
 /// A node's certificate signing request, parsed, with its signature verified: it proves the
@@ -157,7 +161,7 @@ impl Ca {
         let uri = format!("{NODE_URI_PREFIX}{node_id}/identity/{identity_generation}");
         params.subject_alt_names =
             vec![SanType::URI(uri.try_into().map_err(|_| {
-                CsrError::Malformed("node id does not fit a URI".into())
+                CsrError::Signing("node id does not fit a URI".into())
             })?)];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
@@ -167,7 +171,7 @@ impl Ca {
         params.serial_number = Some(random_serial());
         let cert = params
             .signed_by(&csr.0.public_key, &self.issuer)
-            .map_err(|e| CsrError::Malformed(e.to_string()))?;
+            .map_err(|e| CsrError::Signing(e.to_string()))?;
         Ok(Signed {
             pem: cert.pem(),
             not_after,

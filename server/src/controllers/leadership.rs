@@ -3,8 +3,9 @@
 //! replica. Running a pass twice would be safe (every change is version-checked) but would do
 //! every query N times and turn most writes into conflicts.
 //!
-//! The leader renews its lease at the start of every tick; the others try to take it at the
-//! start of theirs and succeed once it has lapsed. A lease lasts [`LEASE_TICKS`] ticks, so a
+//! A server asks for the lease when its loop starts. The leader renews it at the start of
+//! every tick, and before each Lifecycle pass an event wakes between ticks; the others try
+//! to take it at the start of their ticks and succeed once it has lapsed. A lease lasts [`LEASE_TICKS`] ticks, so a
 //! leader whose pass overran one tick keeps it, and a dead leader is replaced within
 //! `LEASE_TICKS + 1` ticks (15 s with the default 5 s tick). A server that stops gives its
 //! lease up, so a rolling restart hands over at once.
@@ -26,8 +27,8 @@ pub struct Leadership {
     /// This server's identity in the lease table: unique per process start.
     holder: String,
     ttl: chrono::Duration,
-    /// Whether this server led after its last check; shared with the loops that follow
-    /// the main one (the Power controller's).
+    /// Whether this server led after its last check; shared with what follows the main
+    /// loop's verdict between ticks (the Power controller's loop, the Lifecycle wakes).
     leading: Arc<AtomicBool>,
 }
 

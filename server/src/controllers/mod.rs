@@ -163,19 +163,25 @@ pub struct ControllerLoop {
     lifecycle_wakes: JoinHandle<()>,
 }
 
-/// Starts the loop. The first pass runs one `tick_interval` after start, not at once: the
-/// server has just started and its gateway's daemons are still reconnecting. The lease is
-/// asked for at once, so that events can wake the Lifecycle pass from the start. Each pass
-/// runs only on the server that holds the controllers' lease ([`leadership`]).
+/// Starts the loop. The first tick's passes run one `tick_interval` after start, not at
+/// once: the server has just started and its gateway's daemons are still reconnecting, which
+/// Liveness must not take for silence. The Lifecycle pass may run sooner, woken by events:
+/// acceptance acts only on connected nodes, so a reconnecting fleet cannot mislead it. The
+/// lease is asked for at once, so that those wakes can run from the start. Each pass runs
+/// only on the server that holds the controllers' lease ([`leadership`]).
 pub fn spawn(services: Services, config: LivenessConfig, feed: Arc<Feed>) -> ControllerLoop {
     let period = config.tick_interval();
     let leadership = Leadership::new(services.clone(), period);
     let power_leads = leadership.leading();
     let lifecycle_leads = leadership.leading();
     let lifecycle_wake = Arc::new(Notify::new());
+    // The feed's head now, not read later in the task: every event committed after this
+    // function returns is followed, even if the task first runs after a commit.
+    let followed_from = feed.head();
     let lifecycle_wakes = tokio::spawn(wake_lifecycle_on_events(
         services.clone(),
         feed,
+        followed_from,
         lifecycle_wake.clone(),
     ));
     let mut liveness = LivenessController::new(services.clone(), config);
@@ -221,18 +227,14 @@ pub fn spawn(services: Services, config: LivenessConfig, feed: Arc<Feed>) -> Con
         leadership.check().await;
         loop {
             tokio::select! {
+                // In this order when several are ready: a stop first, then the tick, whose
+                // check renews the lease, so that a stream of wakes cannot hold it off.
+                biased;
                 // Stopped, or the handle was dropped: either way, no further ticks. A pass
                 // under way always finishes first, since this is only polled between them.
                 _ = &mut stopped => {
                     leadership.resign().await;
                     break;
-                }
-                () = lifecycle_wake.notified() => {
-                    tokio::time::sleep(LIFECYCLE_BATCH_WINDOW).await;
-                    // Between ticks this server follows the verdict of the last one.
-                    if lifecycle_leads.load(Ordering::Relaxed) {
-                        run_lifecycle(&mut lifecycle).await;
-                    }
                 }
                 _ = ticks.tick() => {
                     if !leadership.check().await {
@@ -265,6 +267,18 @@ pub fn spawn(services: Services, config: LivenessConfig, feed: Arc<Feed>) -> Con
                         Err(err) => tracing::warn!(code = err.code(), reason = %err.message(), "command timing tick failed"),
                     }
                 }
+                () = lifecycle_wake.notified() => {
+                    // A server that did not lead at the last check leaves the pass to the
+                    // one that did; one that did checks again (which renews the lease), so a
+                    // server whose lease lapsed since never runs a pass beside the new
+                    // leader's (two passes would each queue the same node's check).
+                    if lifecycle_leads.load(Ordering::Relaxed) {
+                        tokio::time::sleep(LIFECYCLE_BATCH_WINDOW).await;
+                        if leadership.check().await {
+                            run_lifecycle(&mut lifecycle).await;
+                        }
+                    }
+                }
             }
         }
     });
@@ -290,38 +304,50 @@ async fn run_lifecycle(lifecycle: &mut LifecycleController) {
     }
 }
 
-/// Follows the event feed (every replica's commits) and wakes the Lifecycle pass for each
-/// event that may move a node through acceptance. A wake while a pass runs is kept, so what
-/// that pass may have missed gets the next. Falling behind the feed wakes it too (it looks at
-/// every candidate anyway), and following resumes from the feed's head a moment later.
-async fn wake_lifecycle_on_events(services: Services, feed: Arc<Feed>, wake: Arc<Notify>) {
+/// Follows the event feed (every replica's commits) from the event after `after` and wakes
+/// the Lifecycle pass for each event that may move a node through acceptance. A wake while a
+/// pass runs is kept, so what that pass may have missed gets the next. When the feed fails
+/// (fallen behind, or unreadable), following resumes from the last event seen a moment
+/// later, and the pass is woken then too, since it looks at every candidate anyway.
+async fn wake_lifecycle_on_events(
+    services: Services,
+    feed: Arc<Feed>,
+    mut after: i64,
+    wake: Arc<Notify>,
+) {
     use futures::StreamExt;
     loop {
-        let events = feed.subscribe_events(services.clone(), feed.head());
+        let events = feed.subscribe_events(services.clone(), after);
         tokio::pin!(events);
         loop {
             match events.next().await {
                 Some(Ok(event)) => {
+                    after = event.id.0;
                     if bc_core::acceptance::may_advance(event.event_type) {
                         wake.notify_one();
                     }
                 }
-                Some(Err(_)) => {
-                    wake.notify_one();
-                    tokio::time::sleep(placement::FEED_RETRY).await;
-                    break;
-                }
+                Some(Err(_)) => break,
                 // The feed ended: the server is stopping.
                 None => return,
             }
         }
+        tokio::time::sleep(placement::FEED_RETRY).await;
+        wake.notify_one();
+    }
+}
+
+/// The feed's follower stops with the loop, however the loop ends (the other tasks stop when
+/// their stop senders drop).
+impl Drop for ControllerLoop {
+    fn drop(&mut self) {
+        self.lifecycle_wakes.abort();
     }
 }
 
 impl ControllerLoop {
     /// Stops the loop after the pass under way (if any) and waits for it.
     pub async fn stop(mut self) {
-        self.lifecycle_wakes.abort();
         for stop in [self.stop.take(), self.power_stop.take()]
             .into_iter()
             .flatten()

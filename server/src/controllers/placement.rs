@@ -31,7 +31,8 @@ pub const RETRY_BATCH_WINDOW: Duration = Duration::from_millis(50);
 /// Every pool with pending reservations is retried at least this often, whatever the feed
 /// says.
 pub const SAFETY_SWEEP: Duration = Duration::from_secs(60);
-/// How long the loop waits before following the feed again after it failed.
+/// How long a follower of the feed (this retry loop, and the Lifecycle pass's wakes in
+/// `controllers::spawn`) waits before following it again after it failed.
 pub(crate) const FEED_RETRY: Duration = Duration::from_secs(1);
 /// How long the loop first waits before it retries pools whose retry failed (a busy or lost
 /// database): long enough not to spin on a database that is down, short enough that an

@@ -193,7 +193,8 @@ impl Services {
 
     /// `updatePool` (platform admins only): replaces what the update names and leaves the
     /// rest. A remediation run under way keeps the ladder it started with; a node in
-    /// acceptance is judged by the new checks at the next tick. When the hardware profile
+    /// acceptance is judged by the new checks at the next Lifecycle pass (which its
+    /// `pool.updated` event wakes). When the hardware profile
     /// changes, the Inventory controller re-reads every node of the pool against it, so its
     /// mismatch conditions (and `noScheduleReasons`) follow at once, one node per
     /// transaction after the pool's own.

@@ -192,15 +192,16 @@ impl Services {
         bc_core::node::validate_hostname(&request.hostname)?;
         let now = self.clock.now();
         let hw = hardware_key(&request.identifiers);
-        // The CSR is checked before the transaction begins: a bad one writes nothing, and
-        // checking its signature does not hold the database's writer.
-        let csr = parse_csr(&request.csr_pem)?;
 
         let txn = self.store.write().await?;
         // The token admits the join twice: here, unlocked, so that a refused join writes
         // nothing; and at the end, on its row locked for the rest of the transaction, which
         // decides (see `count_use` below).
         let token = admitting_token(&txn, &token_id, secret, now, false).await?;
+        // The CSR is checked once the token admits the join, so that nobody without a token
+        // makes the server verify signatures, and before anything is written. It is signed
+        // at the end, with the node's final identity.
+        let csr = parse_csr(&request.csr_pem)?;
         let site = catalog::site(&*txn, &token.site_id).await?.ok_or_else(|| {
             ApiError::internal(anyhow::anyhow!(
                 "join token {} names a missing site",
@@ -377,7 +378,7 @@ impl Services {
         let signed = self
             .ca
             .sign_node(csr, node_id, generation, now, lifetime)
-            .map_err(|e| ApiError::BadUserInput(e.to_string()))?;
+            .map_err(ApiError::internal)?;
         Ok(IssuedIdentity {
             node_id: node_id.to_string(),
             identity_generation: generation,

@@ -1,5 +1,5 @@
 //! What the NodeLifecycle, NodeSpec and drain-deadline controllers read: bounded, indexed
-//! work lists, so a settled fleet costs one cheap query per controller per tick.
+//! work lists, so a settled fleet costs one cheap query per controller per pass.
 
 use bc_core::Actor;
 use bc_core::acceptance::AcceptancePolicy;

@@ -899,10 +899,11 @@ pub async fn free_atoms(
         .column((node_device::Entity, node_device::Column::NodeId))
         .column((node_device::Entity, node_device::Column::Atom))
         .from(node_device::Entity)
-        .and_where(
-            Expr::col((node_device::Entity, node_device::Column::NodeId))
-                .is_in(nodes.iter().map(ToString::to_string)),
-        )
+        .and_where(one_of(
+            Expr::col((node_device::Entity, node_device::Column::NodeId)),
+            nodes,
+            conn.get_database_backend(),
+        ))
         .and_where(Expr::col((node_device::Entity, node_device::Column::Healthy)).eq(true))
         .and_where(Expr::not_exists(booked))
         .order_by(

@@ -245,7 +245,11 @@ pub async fn of_nodes(
         return Ok(HashMap::new());
     }
     Ok(node_session::Entity::find()
-        .filter(node_session::Column::NodeId.is_in(ids.to_vec()))
+        .filter(one_of(
+            Expr::col(node_session::Column::NodeId),
+            ids,
+            conn.get_database_backend(),
+        ))
         .all(conn)
         .await?
         .into_iter()
