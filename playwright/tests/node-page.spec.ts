@@ -10,7 +10,9 @@ import { mutate, nodes, row, signIn, waitForNodes } from './helpers';
 let fleet: Fleet;
 test.beforeAll(async () => {
   fleet = await startFleet({ sim: 3 });
-  await waitForNodes(fleet, 3);
+  // Settled: the tests change nodes at the version they read, and a node coming up is
+  // changed by the server (inventory, acceptance, its first spec) within a second.
+  await waitForNodes(fleet, 3, (n) => n.schedulable);
 });
 test.afterAll(async () => {
   await fleet?.stop();
