@@ -31,7 +31,10 @@ async function slideTo(slider: Locator, at: number) {
 test('the timeline shows each axis over time, and the node as of any moment', async ({ page }) => {
   const [target] = await nodes(fleet);
   const viewer = (await fleet.graphql('{ viewer { subject } }')).data.viewer.subject;
-  // History to look at: a cordon that holds a few seconds, then an uncordon.
+  // History to look at: a cordon that holds a few seconds, then an uncordon. The node lives
+  // a while first, so that the moment the slider goes back to below (a second before the
+  // cordon) is in its life: a fleet of two is schedulable about a second after it joins.
+  await new Promise((resolve) => setTimeout(resolve, 3_000));
   let current = await node(fleet, target.id);
   await mutate(fleet, 'mutation($id: ID!, $v: Int!) { cordonNode(input: {id: $id, version: $v, reason: "history check"}) { node { version } } }', {
     id: target.id,
