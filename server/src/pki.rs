@@ -55,8 +55,9 @@ pub enum CsrError {
 }
 
 /// A node's certificate signing request, parsed, with its signature verified: it proves the
-/// requester holds the key. A join parses it before it writes anything, so that a bad one
-/// is refused without touching the database, and the CA signs it at the join's end.
+/// requester holds the key. A join parses it once its token admits it and before it writes
+/// anything, so that a bad one is refused with nothing written, and the CA signs it at the
+/// join's end.
 pub struct NodeCsr(CertificateSigningRequestParams);
 
 impl NodeCsr {

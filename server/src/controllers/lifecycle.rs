@@ -32,7 +32,7 @@ use crate::service::node_changes::NodeChangeRequest;
 /// second, the last 4,000 of 10,000 nodes taking 20 s while the server idled at 15 % of a
 /// core. Issue 16 asks for 500 a second. A pass holds this many node records at once (a few
 /// MB).
-const MAX_PER_TICK: u64 = 5_000;
+const MAX_PER_PASS: u64 = 5_000;
 /// Nodes written per transaction: diagnostics queued, nodes adopted or failed, first specs.
 /// A fleet coming up gives a pass a thousand nodes to move, and a transaction each (about
 /// 13 ms on the one SQLite writer) held adoption to a few dozen nodes a second while
@@ -81,7 +81,7 @@ impl LifecycleController {
     async fn acceptance(&mut self, report: &mut LifecycleReport) -> Result<(), ApiError> {
         let candidates = self
             .services
-            .acceptance_candidates(&self.actor, MAX_PER_TICK)
+            .acceptance_candidates(&self.actor, MAX_PER_PASS)
             .await?;
         // Each candidate's newest diagnostic, for the whole list in one query: while a fleet
         // comes up, thousands of nodes wait on theirs, and a query per node per tick kept
@@ -185,7 +185,7 @@ impl LifecycleController {
         let states = [ProvisionState::Adopted, ProvisionState::Deployed];
         let waiting = self
             .services
-            .nodes_awaiting_first_spec(&states, MAX_PER_TICK)
+            .nodes_awaiting_first_spec(&states, MAX_PER_PASS)
             .await?;
         let actor = Actor::Controller("node-spec".into());
         for batch in waiting.chunks(NODES_PER_TRANSACTION) {
