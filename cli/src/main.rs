@@ -6,7 +6,7 @@ use bc_core::catalog::HardwareProfile;
 use bc_core::clock::SystemClock;
 use bc_core::ids::{PoolId, SiteId, TenantId};
 use bc_testing::metal::ensure_metal_pool;
-use bc_testing::sim::MIXED_FAULT_AFTER;
+use bc_testing::sim::{DEFAULT_JOIN_CONCURRENCY, MIXED_FAULT_AFTER};
 use bc_testing::workload::WORKLOAD_TENANT;
 use bc_testing::{
     CaTrust, DaemonKnobs, GatewayContext, MetalFleet, MetalOptions, MetalPlace, MetalProgress,
@@ -111,6 +111,21 @@ enum Command {
         /// With --mixed: how many seconds after start the GPUs fail in service.
         #[arg(long, value_name = "SECONDS", default_value_t = MIXED_FAULT_AFTER.as_secs(), requires = "mixed")]
         faults_after: u64,
+        /// Hostnames are `<prefix><index, 5 digits>`; by default `sim-<4 hex digits of the
+        /// fleet's random seed>-`. Several simulators on one control plane need distinct ones.
+        #[arg(long)]
+        hostname_prefix: Option<String>,
+        /// Heartbeat every this many seconds instead of at the interval the server asks for.
+        #[arg(long, value_name = "SECONDS")]
+        heartbeat_secs: Option<u64>,
+        /// Joins in flight at once, and (apart) session handshakes in flight at once.
+        #[arg(long, default_value_t = DEFAULT_JOIN_CONCURRENCY)]
+        join_concurrency: usize,
+        /// Print the progress as one JSON object per line (`Progress`, camelCase), every
+        /// half second, for a program that reads it (fleet-bench runs its biggest fleets as
+        /// several `sim` processes), instead of a line of text every 2 s.
+        #[arg(long)]
+        progress_json: bool,
     },
     /// Mints a token signed with the configured secret.
     Token {
@@ -169,6 +184,10 @@ async fn main() -> anyhow::Result<()> {
             gpus,
             mixed,
             faults_after,
+            hostname_prefix,
+            heartbeat_secs,
+            join_concurrency,
+            progress_json,
         } => {
             start_logging(&config);
             let ca = match (ca_file, ca_sha256) {
@@ -179,18 +198,29 @@ async fn main() -> anyhow::Result<()> {
                 (None, Some(pin)) => CaTrust::Sha256Pin(pin),
                 (None, None) => CaTrust::TrustOnFirstUse,
             };
-            let options = sim_options(gpus, mixed, Duration::from_secs(faults_after));
+            let mut options = sim_options(gpus, mixed, Duration::from_secs(faults_after));
+            options.hostname_prefix = hostname_prefix;
+            options.knobs.heartbeat_interval_override = heartbeat_secs.map(Duration::from_secs);
+            options.join_concurrency = join_concurrency;
+            let report: fn(Progress) = if progress_json {
+                options.report_every = JSON_PROGRESS_EVERY;
+                print_progress_json
+            } else {
+                print_progress
+            };
             let progress = run_sim(
                 &server,
                 &token,
                 ca,
                 nodes,
                 options,
-                print_progress,
+                report,
                 app::shutdown_signal(),
             )
             .await?;
-            writeln!(std::io::stdout(), "stopped: {progress}")?;
+            if !progress_json {
+                writeln!(std::io::stdout(), "stopped: {progress}")?;
+            }
             Ok(())
         }
         Command::Token {
@@ -251,6 +281,17 @@ fn sim_options(gpus: u32, mixed: bool, faults_after: Duration) -> SimOptions {
 
 fn print_progress(progress: Progress) {
     let _ = writeln!(std::io::stdout(), "  {progress}");
+}
+
+/// How often `sim --progress-json` prints: a program reading it times the fleet's milestones
+/// by these lines, so they come often enough not to blur them.
+const JSON_PROGRESS_EVERY: Duration = Duration::from_millis(500);
+
+fn print_progress_json(progress: Progress) {
+    // Progress is plain counters: serialising it cannot fail.
+    if let Ok(line) = serde_json::to_string(&progress) {
+        let _ = writeln!(std::io::stdout(), "{line}");
+    }
 }
 
 /// How often `dev --sim` prints the fleet's progress.

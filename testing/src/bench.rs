@@ -9,7 +9,8 @@
 
 use crate::daemon::{CaTrust, DaemonKnobs};
 use crate::server::{Backend, TestDatabase};
-use crate::sim::{Fleet, SimOptions};
+use crate::sim::{Fleet, Progress, SimOptions};
+use crate::simulator_processes::{SimulatorProcesses, SimulatorSpec};
 use anyhow::{Context, bail, ensure};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -54,6 +55,11 @@ pub const TOKEN_HOURS: i64 = 4;
 pub const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 /// How often fleet progress is polled while the fleet comes up.
 const FLEET_POLL_INTERVAL: Duration = Duration::from_millis(100);
+/// The page size [`Api::node_ids_in_pool`] reads ids in: the API's largest page.
+const NODE_ID_PAGE: usize = 1000;
+/// PostgreSQL connections [`BenchDatabase::pool_settings`] leaves to others than the
+/// replicas: the benchmark's own, a psql to look on, and the superuser's reserve.
+const CONNECTIONS_KEPT_FREE: usize = 10;
 /// How long the join token a benchmark mints lives: longer than a fleet takes to come up.
 const JOIN_TOKEN_TTL: Duration = Duration::from_secs(2 * 3600);
 
@@ -109,9 +115,15 @@ pub struct FleetArgs {
     /// Heartbeat interval of the simulated daemons, in seconds.
     #[arg(long, default_value_t = 10)]
     pub heartbeat_secs: u64,
-    /// Joins in flight at once, and (apart) session handshakes in flight at once.
+    /// Joins in flight at once, and (apart) session handshakes in flight at once (shared
+    /// evenly by the simulator processes).
     #[arg(long, default_value_t = crate::sim::DEFAULT_JOIN_CONCURRENCY)]
     pub join_concurrency: usize,
+    /// Run the simulated daemons in this many `better-compute sim` child processes instead
+    /// of inside the benchmark. By default: inside, unless the fleet needs more sessions
+    /// than one process may hold open files, then as few processes as hold it.
+    #[arg(long)]
+    pub sim_processes: Option<usize>,
 }
 
 impl FleetArgs {
@@ -126,7 +138,21 @@ impl FleetArgs {
             ..SimOptions::default()
         }
     }
+
+    /// How many simulator processes hold `nodes` daemons (1: inside the benchmark).
+    pub fn processes_for(&self, nodes: usize) -> usize {
+        self.sim_processes.unwrap_or_else(|| {
+            // Raised as far as it goes here, as it will be in each simulator process.
+            let files = rlimit::increase_nofile_limit(u64::MAX).unwrap_or(1024);
+            let per_process = files.saturating_sub(SPARE_FDS).max(1) as usize;
+            nodes.div_ceil(per_process).max(1)
+        })
+    }
 }
+
+/// File descriptors a process holding simulated daemons needs beyond one per session (joins,
+/// the benchmark's own GraphQL clients, the runtime).
+pub const SPARE_FDS: u64 = 1024;
 
 /// The `better-compute` binary: `given`, or the one next to the running benchmark.
 pub fn server_binary(given: Option<&Path>) -> anyhow::Result<PathBuf> {
@@ -186,6 +212,48 @@ impl BenchDatabase {
             url: None,
             description: "SQLite (fresh file)",
         })
+    }
+
+    /// The settings that fit `replicas` servers' connection pools into the PostgreSQL
+    /// server's `max_connections` (100 by default: six replicas of the default pool of 16,
+    /// each with its listening connection, would not fit), keeping
+    /// [`CONNECTIONS_KEPT_FREE`] for the benchmark and psql. None for one server or SQLite.
+    pub async fn pool_settings(
+        &self,
+        replicas: usize,
+    ) -> anyhow::Result<Vec<(&'static str, String)>> {
+        let Some(url) = self.url.as_deref().filter(|u| u.starts_with("postgres")) else {
+            return Ok(Vec::new());
+        };
+        if replicas < 2 {
+            return Ok(Vec::new());
+        }
+        use sea_orm::{ConnectionTrait, Database, Statement};
+        let db = Database::connect(url).await?;
+        let row = db
+            .query_one_raw(Statement::from_string(
+                db.get_database_backend(),
+                "SELECT current_setting('max_connections')::int AS max",
+            ))
+            .await?
+            .context("no max_connections")?;
+        let max: i32 = row.try_get("", "max")?;
+        db.close().await?;
+        let default = better_compute::config::DatabaseConfig::default().max_connections as usize;
+        // Each replica holds its pool and one listening connection.
+        let per_replica = (usize::try_from(max)?.saturating_sub(CONNECTIONS_KEPT_FREE) / replicas)
+            .saturating_sub(1)
+            .clamp(2, default);
+        tracing::info!(
+            max,
+            replicas,
+            per_replica,
+            "database connections per replica"
+        );
+        Ok(vec![(
+            "BC_DATABASE__MAX_CONNECTIONS",
+            per_replica.to_string(),
+        )])
     }
 
     /// The `DATABASE_URL` the server gets, if any (none: its SQLite file).
@@ -476,7 +544,7 @@ impl Server {
 
     /// The server's CPU time so far, in clock ticks (see [`clock_ticks_per_second`]).
     pub fn cpu_ticks(&self) -> anyhow::Result<f64> {
-        cpu_ticks(&format!("/proc/{}/stat", self.pid()))
+        cpu_ticks_of_pid(self.pid())
     }
 
     /// The server's memory now and at its peak.
@@ -588,6 +656,38 @@ impl Api {
         Ok(body["data"].clone())
     }
 
+    /// The ids of every node in `pool`, a page of [`NODE_ID_PAGE`] at a time.
+    pub async fn node_ids_in_pool(&self, pool: &str) -> anyhow::Result<Vec<String>> {
+        let mut ids = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let data = self
+                .data(
+                    "query($pool: ID!, $first: Int!, $after: String) { nodes(first: $first, after: $after, filter: {poolId: [$pool]}) { edges { node { id } } pageInfo { endCursor hasNextPage } } }",
+                    json!({ "pool": pool, "first": NODE_ID_PAGE, "after": after }),
+                )
+                .await?;
+            let page = &data["nodes"];
+            let edges = page["edges"]
+                .as_array()
+                .context("nodes returned no edges")?;
+            ids.extend(
+                edges
+                    .iter()
+                    .filter_map(|e| e["node"]["id"].as_str().map(str::to_owned)),
+            );
+            if page["pageInfo"]["hasNextPage"].as_bool() != Some(true) {
+                return Ok(ids);
+            }
+            after = Some(
+                page["pageInfo"]["endCursor"]
+                    .as_str()
+                    .context("a next page without a cursor")?
+                    .to_owned(),
+            );
+        }
+    }
+
     /// Creates the site (a platform) and the bare-metal pool, both named `bench`, that the
     /// benchmark's nodes join or are enrolled in: their ids. The pool expects as many GPUs as a
     /// simulated daemon reports, so that no node is flagged for a missing GPU.
@@ -667,6 +767,11 @@ impl Metrics {
 /// The benchmark's own CPU time so far, in clock ticks (see [`clock_ticks_per_second`]).
 pub fn own_cpu_ticks() -> anyhow::Result<f64> {
     cpu_ticks("/proc/self/stat")
+}
+
+/// A child process's CPU time so far, in clock ticks.
+pub fn cpu_ticks_of_pid(pid: u32) -> anyhow::Result<f64> {
+    cpu_ticks(&format!("/proc/{pid}/stat"))
 }
 
 /// utime + stime of a process, in clock ticks, from its `/proc/<pid>/stat`.
@@ -751,8 +856,9 @@ pub async fn start_fleet(
     site: &str,
     pool: &str,
     nodes: usize,
-    options: &SimOptions,
-) -> anyhow::Result<Fleet> {
+    fleet: &FleetArgs,
+    log_dir: &Path,
+) -> anyhow::Result<BenchFleet> {
     let token = api
         .data(
             "mutation($site: ID!, $pool: ID, $uses: Int, $ttl: Int) { createJoinToken(input: {siteId: $site, poolId: $pool, maxUses: $uses, expiresInSeconds: $ttl, description: \"benchmark\"}) { secret caCertificateSha256 joinToken { id } } }",
@@ -766,16 +872,104 @@ pub async fn start_fleet(
         .as_str()
         .context("createJoinToken returned no CA fingerprint")?;
     let gateways: Vec<String> = servers.iter().map(Server::gateway_url).collect();
-    tracing::info!(nodes, ?gateways, "starting the fleet");
-    Fleet::start(
-        &gateways,
-        secret,
-        CaTrust::Sha256Pin(pin.to_owned()),
-        nodes,
-        options,
-    )
-    .await
-    .context("starting the simulated fleet")
+    let processes = fleet.processes_for(nodes);
+    tracing::info!(nodes, ?gateways, processes, "starting the fleet");
+    if processes == 1 && fleet.sim_processes.is_none() {
+        let options = fleet.sim_options();
+        let inside = Fleet::start(
+            &gateways,
+            secret,
+            CaTrust::Sha256Pin(pin.to_owned()),
+            nodes,
+            &options,
+        )
+        .await
+        .context("starting the simulated fleet")?;
+        return Ok(BenchFleet::Inside(inside));
+    }
+    let binary = servers.first().context("a server to join")?.bin.clone();
+    let spec = SimulatorSpec {
+        binary,
+        gateways,
+        join_secret: secret.to_owned(),
+        ca_sha256: pin.to_owned(),
+        heartbeat: Some(Duration::from_secs(fleet.heartbeat_secs)),
+        join_concurrency: fleet.join_concurrency.div_ceil(processes),
+        log_dir: log_dir.to_owned(),
+    };
+    let children = SimulatorProcesses::start(&spec, nodes, processes)
+        .context("starting the simulator processes")?;
+    Ok(BenchFleet::Processes(children))
+}
+
+/// A benchmark's simulated fleet: inside the benchmark's process, or (for fleets bigger
+/// than one process may hold) in simulator child processes.
+pub enum BenchFleet {
+    Inside(Fleet),
+    Processes(SimulatorProcesses),
+}
+
+impl BenchFleet {
+    pub fn len(&self) -> usize {
+        match self {
+            BenchFleet::Inside(fleet) => fleet.len(),
+            BenchFleet::Processes(children) => children.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn progress(&self) -> Progress {
+        match self {
+            BenchFleet::Inside(fleet) => fleet.progress(),
+            BenchFleet::Processes(children) => children.progress(),
+        }
+    }
+
+    /// The CPU time the simulator has used so far, in clock ticks: the benchmark's own
+    /// process (where the daemons run inside it), and its simulator processes.
+    pub fn cpu_ticks(&self) -> anyhow::Result<f64> {
+        let own = own_cpu_ticks()?;
+        match self {
+            BenchFleet::Inside(_) => Ok(own),
+            BenchFleet::Processes(children) => Ok(own + children.cpu_ticks()?),
+        }
+    }
+
+    /// How many processes the simulator runs in.
+    pub fn processes(&self) -> usize {
+        match self {
+            BenchFleet::Inside(_) => 1,
+            BenchFleet::Processes(children) => children.count(),
+        }
+    }
+
+    /// The ids of the nodes that joined: the daemons know them when they run inside; the
+    /// simulator processes say only how many, so then the API lists `pool`'s nodes.
+    pub async fn node_ids(&self, api: &Api, pool: &str) -> anyhow::Result<Vec<String>> {
+        match self {
+            BenchFleet::Inside(fleet) => Ok(fleet.node_ids()),
+            BenchFleet::Processes(_) => api.node_ids_in_pool(pool).await,
+        }
+    }
+
+    /// The last error of some daemon that gave up, to explain a fleet that cannot join.
+    pub fn sample_error(&self) -> Option<String> {
+        match self {
+            BenchFleet::Inside(fleet) => fleet.sample_error(),
+            BenchFleet::Processes(children) => children.sample_error(),
+        }
+    }
+
+    /// Stops every daemon; the last progress.
+    pub async fn shutdown(self) -> Progress {
+        match self {
+            BenchFleet::Inside(fleet) => fleet.shutdown().await,
+            BenchFleet::Processes(children) => children.shutdown().await,
+        }
+    }
 }
 
 /// The servers' CPU time so far, in clock ticks, summed.
@@ -868,7 +1062,7 @@ impl BringUp {
 pub async fn bring_up(
     api: &Api,
     servers: &[Server],
-    fleet: &Fleet,
+    fleet: &BenchFleet,
     pool: &str,
     timeout: Duration,
     started: Instant,

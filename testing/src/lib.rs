@@ -17,6 +17,8 @@ pub mod inventory;
 pub mod metal;
 pub mod server;
 pub mod sim;
+/// A simulated fleet as several `better-compute sim` processes (`fleet-bench` at 100,000 nodes).
+pub mod simulator_processes;
 pub mod subscription;
 pub mod workload;
 

@@ -10,7 +10,7 @@
 
 use crate::daemon::{CaTrust, DaemonError, DaemonKnobs, FakeDaemon, FleetCounters, GatewayContext};
 use crate::inventory;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -235,7 +235,7 @@ impl SimOptions {
 }
 
 /// How far a fleet is.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Progress {
     pub nodes: usize,
@@ -251,6 +251,22 @@ pub struct Progress {
     pub sessions: u64,
     pub heartbeats_sent: u64,
     pub renewals: u64,
+}
+
+/// The progress of several fleets (simulator processes) as one.
+impl std::iter::Sum for Progress {
+    fn sum<I: Iterator<Item = Progress>>(all: I) -> Progress {
+        all.fold(Progress::default(), |total, p| Progress {
+            nodes: total.nodes + p.nodes,
+            joined: total.joined + p.joined,
+            connected: total.connected + p.connected,
+            failed: total.failed + p.failed,
+            errors: total.errors + p.errors,
+            sessions: total.sessions + p.sessions,
+            heartbeats_sent: total.heartbeats_sent + p.heartbeats_sent,
+            renewals: total.renewals + p.renewals,
+        })
+    }
 }
 
 impl std::fmt::Display for Progress {

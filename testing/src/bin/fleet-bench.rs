@@ -25,10 +25,11 @@
 //! ```
 
 use anyhow::{Context, ensure};
+use bc_testing::bench::BenchFleet;
 use bc_testing::bench::{
     self, Api, BenchDatabase, BringUp, FleetArgs, Latencies, Row, Server, ServerArgs,
 };
-use bc_testing::sim::{Fleet, Progress};
+use bc_testing::sim::Progress;
 use clap::Parser;
 use rand::seq::IndexedRandom;
 use serde_json::{Value, json};
@@ -41,8 +42,6 @@ use tokio::time::Instant;
 
 /// How long a GraphQL request of the benchmark may take before it counts as failed.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-/// File descriptors the benchmark wants beyond one per node (joins, GraphQL, the runtime).
-const SPARE_FDS: u64 = 1024;
 
 /// The raw limits measured on this machine kind, quoted from
 /// `shared/notes/performance.md`, by the measure they bound.
@@ -127,22 +126,24 @@ async fn run(args: Args) -> anyhow::Result<()> {
     );
     let server_bin = bench::server_binary(args.server.server_bin.as_deref())?;
     let fd_limit = rlimit::increase_nofile_limit(u64::MAX).context("raising RLIMIT_NOFILE")?;
-    if fd_limit < args.nodes as u64 + SPARE_FDS {
+    let sessions_per_replica = args.nodes.div_ceil(args.replicas) as u64;
+    if fd_limit < sessions_per_replica + bench::SPARE_FDS {
         tracing::warn!(
             fd_limit,
-            nodes = args.nodes,
-            "the file descriptor limit is low for this many sessions"
+            sessions_per_replica,
+            "the file descriptor limit is low for this many sessions on each replica: add --replicas"
         );
     }
     let dir = tempfile::Builder::new().prefix("fleet-bench-").tempdir()?;
     let database = BenchDatabase::prepare(args.postgres, args.database_url.as_deref()).await?;
 
+    let pools = database.pool_settings(args.replicas).await?;
     let server = Server::start(
         &server_bin,
         dir.path(),
         database.url(),
         &args.server.server_log,
-        &[],
+        &pools,
     )
     .await?;
     // Replicas start once the first is ready, so they find its CA and keys in the shared
@@ -159,7 +160,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     if outcome.is_ok() {
-        outcome = run_bench(&args, &mut servers, database.description(), fd_limit).await;
+        outcome = run_bench(
+            &args,
+            &mut servers,
+            database.description(),
+            fd_limit,
+            dir.path(),
+        )
+        .await;
     }
     // Never empty: the bench kills a replica only when there are two or more.
     let server = servers.remove(0);
@@ -176,6 +184,7 @@ async fn run_bench(
     servers: &mut Vec<Server>,
     backend_name: &str,
     fd_limit: u64,
+    dir: &std::path::Path,
 ) -> anyhow::Result<()> {
     let token = servers[0].admin_token().await?;
     let mut apis = servers
@@ -184,9 +193,9 @@ async fn run_bench(
         .collect::<anyhow::Result<Vec<_>>>()?;
     let api = apis[0].clone();
     let (site, pool) = api.create_site_and_pool().await?;
-    let options = args.fleet.sim_options();
     let started = Instant::now();
-    let fleet = bench::start_fleet(&api, servers, &site, &pool, args.nodes, &options).await?;
+    let fleet =
+        bench::start_fleet(&api, servers, &site, &pool, args.nodes, &args.fleet, dir).await?;
     let outcome = async {
         let bring_up = bench::bring_up(
             &api,
@@ -202,15 +211,18 @@ async fn run_bench(
             tracing::info!(?warmup, "waiting before the window");
             tokio::time::sleep(warmup).await;
         }
-        let measured = measure(args, servers, &apis, &fleet).await?;
+        // The nodes the window's requests pick from.
+        let node_ids = fleet.node_ids(&api, &pool).await?;
+        let measured = measure(args, servers, &apis, &fleet, &node_ids).await?;
         let failover = if args.kill_replica {
-            Some(kill_one_replica(servers, &mut apis, &fleet).await?)
+            Some(kill_one_replica(servers, &mut apis, &fleet, node_ids).await?)
         } else {
             None
         };
         let report = Report {
             nodes: args.nodes,
             replicas: args.replicas,
+            sim_processes: fleet.processes(),
             backend: backend_name.to_owned(),
             window: Duration::from_secs(args.window),
             heartbeat_secs: args.fleet.heartbeat_secs,
@@ -267,16 +279,16 @@ async fn measure(
     args: &Args,
     servers: &[Server],
     apis: &[Api],
-    fleet: &Fleet,
+    fleet: &BenchFleet,
+    node_ids: &[String],
 ) -> anyhow::Result<Measured> {
-    let node_ids = fleet.node_ids();
     ensure!(!node_ids.is_empty(), "no node joined");
     let window = Duration::from_secs(args.window);
     let clk_tck = bench::clock_ticks_per_second().await;
 
     let metrics_before = metrics_of(apis).await?;
     let cpu_before = bench::cpu_ticks_of(servers)?;
-    let sim_cpu_before = bench::own_cpu_ticks()?;
+    let sim_cpu_before = fleet.cpu_ticks()?;
     let sent_before = fleet.progress().heartbeats_sent;
     let start = Instant::now();
 
@@ -317,7 +329,7 @@ async fn measure(
     let elapsed = start.elapsed();
     let metrics_after = metrics_of(apis).await?;
     let cpu_after = bench::cpu_ticks_of(servers)?;
-    let sim_cpu_after = bench::own_cpu_ticks()?;
+    let sim_cpu_after = fleet.cpu_ticks()?;
     let progress = fleet.progress();
     let (mut rss_kb, mut peak_rss_kb) = (0, 0);
     for server in servers {
@@ -400,7 +412,8 @@ struct Failover {
 async fn kill_one_replica(
     servers: &mut Vec<Server>,
     apis: &mut Vec<Api>,
-    fleet: &Fleet,
+    fleet: &BenchFleet,
+    node_ids: Vec<String>,
 ) -> anyhow::Result<Failover> {
     let nodes = fleet.len() as u64;
     let mut leader = None;
@@ -424,13 +437,16 @@ async fn kill_one_replica(
         sessions_lost,
         "killing a replica"
     );
+    // The killed replica's daemons are back when they have opened as many new sessions and
+    // every daemon is connected: `connected` alone may still show the moment before the kill
+    // (simulator processes report twice a second).
+    let sessions_before = fleet.progress().sessions;
     let killed = Instant::now();
     victim.kill().await?;
 
     let stop_cordons = Arc::new(AtomicBool::new(false));
     let cordons = tokio::spawn({
         let survivors = survivors.clone();
-        let node_ids = fleet.node_ids();
         let stop = stop_cordons.clone();
         async move {
             let (mut cordon, mut uncordon, mut failures) =
@@ -466,7 +482,11 @@ async fn kill_one_replica(
                 fleet.progress()
             ));
         }
-        if reconnected.is_none() && fleet.progress().connected == nodes {
+        let progress = fleet.progress();
+        if reconnected.is_none()
+            && progress.connected == nodes
+            && progress.sessions >= sessions_before + sessions_lost
+        {
             reconnected = Some(killed.elapsed());
         }
         if leader.is_some() && new_leader.is_none() {
@@ -602,6 +622,8 @@ fn check(body: &Value, field: &str) -> Result<i64, Sample> {
 struct Report {
     nodes: usize,
     replicas: usize,
+    /// The processes the simulated daemons ran in (1: inside the benchmark).
+    sim_processes: usize,
     backend: String,
     window: Duration,
     heartbeat_secs: u64,
@@ -674,7 +696,11 @@ impl Report {
                 RAW_CPU,
             ),
             (
-                "simulator CPU".into(),
+                if self.sim_processes == 1 {
+                    "simulator CPU (inside the benchmark)".into()
+                } else {
+                    format!("simulator CPU ({} processes summed)", self.sim_processes)
+                },
                 format!("{:.1} % of one core", m.sim_cpu),
                 "",
             ),

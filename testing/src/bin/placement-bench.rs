@@ -126,7 +126,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         &[],
     )
     .await?;
-    let outcome = run_bench(&args, &server, database.description(), raw).await;
+    let outcome = run_bench(&args, &server, database.description(), raw, dir.path()).await;
     bench::finish(server, database, dir, args.server.keep, outcome).await
 }
 
@@ -135,6 +135,7 @@ async fn run_bench(
     server: &Server,
     backend: &str,
     raw: RawUpdates,
+    dir: &std::path::Path,
 ) -> anyhow::Result<()> {
     let api = Api::new(
         server.api_url(),
@@ -142,10 +143,10 @@ async fn run_bench(
         REQUEST_TIMEOUT,
     )?;
     let (site, pool) = api.create_site_and_pool().await?;
-    let options = args.fleet.sim_options();
     let started = Instant::now();
     let servers = std::slice::from_ref(server);
-    let fleet = bench::start_fleet(&api, servers, &site, &pool, args.nodes, &options).await?;
+    let fleet =
+        bench::start_fleet(&api, servers, &site, &pool, args.nodes, &args.fleet, dir).await?;
     let timeout = Duration::from_secs(args.ready_timeout);
     let outcome = async {
         let bring_up = bench::bring_up(&api, servers, &fleet, &pool, timeout, started).await?;
