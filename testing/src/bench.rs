@@ -217,7 +217,7 @@ impl BenchDatabase {
     /// The settings that fit `replicas` servers' connection pools into the PostgreSQL
     /// server's `max_connections` (100 by default: six replicas of the default pool of 16,
     /// each with its listening connection, would not fit), keeping
-    /// [`CONNECTIONS_KEPT_FREE`] for the benchmark and psql. None for one server or SQLite.
+    /// [`CONNECTIONS_KEPT_FREE`] for the benchmark and psql. Nothing for one server or SQLite.
     pub async fn pool_settings(
         &self,
         replicas: usize,

@@ -31,7 +31,7 @@ use bc_core::Actor;
 use bc_core::ids::NodeId;
 use bc_core::node::NodeRecord;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinHandle;
@@ -59,6 +59,12 @@ use crate::service::node_changes::{NodeChangeRequest, NodeTransition};
 /// tick instead cost each node up to two ticks (10 s) between connecting and being
 /// schedulable: one to queue its check and one to judge it.
 pub const LIFECYCLE_BATCH_WINDOW: Duration = Duration::from_millis(200);
+
+/// How often the leader brings PostgreSQL's planner statistics up to date
+/// ([`Services::refresh_planner_statistics`]): often enough that a fleet growing by
+/// thousands of nodes a minute is planned for its size within half a minute, and the check
+/// is one catalog query when nothing is due.
+pub const PLANNER_STATISTICS_EVERY: Duration = Duration::from_secs(30);
 
 /// What became of one node a controller tried to change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -161,6 +167,8 @@ pub struct ControllerLoop {
     power_task: JoinHandle<()>,
     /// Follows the event feed and wakes the Lifecycle pass ([`wake_lifecycle_on_events`]).
     lifecycle_wakes: JoinHandle<()>,
+    /// Keeps the planner's statistics current ([`refresh_planner_statistics`]).
+    planner_statistics: JoinHandle<()>,
 }
 
 /// Starts the loop. The first tick's passes run one `tick_interval` after start, not at
@@ -174,6 +182,10 @@ pub fn spawn(services: Services, config: LivenessConfig, feed: Arc<Feed>) -> Con
     let leadership = Leadership::new(services.clone(), period);
     let power_leads = leadership.leading();
     let lifecycle_leads = leadership.leading();
+    let planner_statistics = tokio::spawn(refresh_planner_statistics(
+        services.clone(),
+        leadership.leading(),
+    ));
     let lifecycle_wake = Arc::new(Notify::new());
     // The feed's head now, not read later in the task: every event committed after this
     // function returns is followed, even if the task first runs after a commit.
@@ -288,6 +300,35 @@ pub fn spawn(services: Services, config: LivenessConfig, feed: Arc<Feed>) -> Con
         power_stop: Some(power_stop),
         power_task,
         lifecycle_wakes,
+        planner_statistics,
+    }
+}
+
+/// Every [`PLANNER_STATISTICS_EVERY`], on the leader, analyses the tables whose planner
+/// statistics are due. On a task of its own: analysing a table of 100,000 rows takes a
+/// moment, which Liveness must not wait for.
+async fn refresh_planner_statistics(services: Services, leads: Arc<AtomicBool>) {
+    let mut ticks = tokio::time::interval(PLANNER_STATISTICS_EVERY);
+    ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        if !leads.load(Ordering::Relaxed) {
+            continue;
+        }
+        let refreshed = crate::service::attributed(
+            "controller.planner_statistics",
+            services.refresh_planner_statistics(),
+        )
+        .await;
+        match refreshed {
+            Ok(tables) if !tables.is_empty() => {
+                tracing::info!(?tables, "planner statistics refreshed");
+            }
+            Ok(_) => {}
+            Err(err) => {
+                tracing::warn!(code = err.code(), reason = %err.message(), "refreshing planner statistics failed");
+            }
+        }
     }
 }
 
@@ -337,11 +378,13 @@ async fn wake_lifecycle_on_events(
     }
 }
 
-/// The feed's follower stops with the loop, however the loop ends (the other tasks stop when
-/// their stop senders drop).
+/// The feed's follower and the planner statistics' task stop with the loop, however the
+/// loop ends (the other tasks stop when their stop senders drop). An `ANALYZE` cut short
+/// changes nothing: the next leader's runs again.
 impl Drop for ControllerLoop {
     fn drop(&mut self) {
         self.lifecycle_wakes.abort();
+        self.planner_statistics.abort();
     }
 }
 

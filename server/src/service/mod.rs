@@ -35,6 +35,7 @@ use bc_core::clock::Clock;
 use std::sync::Arc;
 
 use crate::config::DatabaseConfig;
+use crate::error::ApiResult;
 use crate::pki::Ca;
 use session_registry::SessionRegistry;
 use store::Store;
@@ -95,6 +96,12 @@ impl Services {
     /// Connections open and idle in the database pool, for `/metrics`.
     pub fn database_pool_stats(&self) -> (u32, usize) {
         self.store.pool_stats()
+    }
+
+    /// Brings PostgreSQL's planner statistics up to date where autovacuum's rule says they
+    /// are due ([`store::planner_statistics`]): the tables analysed.
+    pub async fn refresh_planner_statistics(&self) -> ApiResult<Vec<String>> {
+        Ok(store::planner_statistics::analyse_tables_due(self.store.db()).await?)
     }
 
     /// Closes the database pool; the last thing a stopping server does.

@@ -20,6 +20,7 @@ pub mod liveness;
 pub mod node_filter;
 pub mod nodes;
 pub mod placement;
+pub mod planner_statistics;
 pub mod remediation;
 pub mod rows;
 pub mod schedule_sql;
