@@ -206,7 +206,11 @@ pub fn FleetPage() -> impl IntoView {
                         <tr class="spacer" style:height=move || format!("{}px", window.with(|w| w.0) as f64 * ROW_HEIGHT_PX)></tr>
                         <For
                             each=move || window.get().2
-                            key=|row| (row.id.clone(), row.version)
+                            // Keyed by node alone: a row that changes keeps its element and
+                            // updates its cells, so a click or a checkbox on it is not lost to
+                            // a redraw (keyed by version, every change replaced the row, and a
+                            // click that straddled one went nowhere).
+                            key=|row| row.id.clone()
                             children=move |row| view! { <FleetRow row=row/> }
                         />
                         <tr class="spacer" style:height=move || window.with(|(first, len, shown)| {
@@ -333,6 +337,14 @@ fn ColumnFilter(column: Column) -> impl IntoView {
 fn FleetRow(row: Arc<Row>) -> impl IntoView {
     let ctx = ctx();
     let id = row.id.clone();
+    // The node as the store has it now; the row rendered first stands in only until then.
+    let current = {
+        let id = id.clone();
+        Memo::new(move |_| {
+            ctx.fleet.revision.track();
+            ctx.fleet.row(&id).unwrap_or_else(|| row.clone())
+        })
+    };
     let checked = {
         let id = id.clone();
         move || ctx.selection.with(|s| s.contains(&id))
@@ -354,15 +366,14 @@ fn FleetRow(row: Arc<Row>) -> impl IntoView {
         .into_iter()
         .skip(1)
         .map(|column| {
-            let class = cell_class(column, &row);
-            let row = row.clone();
+            let class = move || current.with(|row| cell_class(column, row));
             // Site and pool names follow the catalog, which may arrive after the rows.
-            let text = move || ctx.names.with(|names| column.text(&row, names));
+            let text = move || current.with(|row| ctx.names.with(|names| column.text(row, names)));
             view! { <td class=class data-col=column.key()>{text}</td> }
         })
         .collect_view();
-    let hostname = row.hostname.clone();
-    let version = row.version.to_string();
+    let hostname = move || current.with(|row| row.hostname.clone());
+    let version = move || current.with(|row| row.version.to_string());
     view! {
         <tr data-testid="fleet-row" data-node=id.clone() data-version=version>
             <td><input type="checkbox" prop:checked=checked on:change=toggle aria-label="select"/></td>
