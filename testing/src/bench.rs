@@ -123,7 +123,7 @@ pub struct FleetArgs {
     /// of inside the benchmark. By default: inside, unless the fleet needs more sessions
     /// than one process may hold open files, then as few processes as hold it.
     #[arg(long)]
-    pub sim_processes: Option<usize>,
+    pub sim_processes: Option<std::num::NonZeroUsize>,
 }
 
 impl FleetArgs {
@@ -139,14 +139,29 @@ impl FleetArgs {
         }
     }
 
-    /// How many simulator processes hold `nodes` daemons (1: inside the benchmark).
-    pub fn processes_for(&self, nodes: usize) -> usize {
-        self.sim_processes.unwrap_or_else(|| {
-            // Raised as far as it goes here, as it will be in each simulator process.
-            let files = rlimit::increase_nofile_limit(u64::MAX).unwrap_or(1024);
-            let per_process = files.saturating_sub(SPARE_FDS).max(1) as usize;
-            nodes.div_ceil(per_process).max(1)
-        })
+    /// How many simulator processes hold `nodes` daemons: `--sim-processes`, else none (the
+    /// daemons run inside the benchmark) while one process may hold them all, else as few as
+    /// hold them. The open-file limit is raised as far as it goes here, as it will be in each
+    /// simulator process; where it cannot be read or leaves no room beyond [`SPARE_FDS`], the
+    /// daemons run inside and the benchmark warns of the limit.
+    pub fn processes_for(&self, nodes: usize) -> Option<usize> {
+        if let Some(processes) = self.sim_processes {
+            return Some(processes.get());
+        }
+        match rlimit::increase_nofile_limit(u64::MAX) {
+            Ok(files) if files > SPARE_FDS => {
+                let per_process = usize::try_from(files - SPARE_FDS).unwrap_or(usize::MAX);
+                Some(nodes.div_ceil(per_process)).filter(|&n| n > 1)
+            }
+            outcome => {
+                tracing::warn!(
+                    ?outcome,
+                    nodes,
+                    "the open-file limit leaves no room for sessions; the daemons run inside the benchmark"
+                );
+                None
+            }
+        }
     }
 }
 
@@ -215,9 +230,9 @@ impl BenchDatabase {
     }
 
     /// The settings that fit `replicas` servers' connection pools into the PostgreSQL
-    /// server's `max_connections` (100 by default: six replicas of the default pool of 16,
-    /// each with its listening connection, would not fit), keeping
-    /// [`CONNECTIONS_KEPT_FREE`] for the benchmark and psql. Nothing for one server or SQLite.
+    /// server's `max_connections` (100 by default: seven replicas of the default pool of 16
+    /// would not fit), keeping [`CONNECTIONS_KEPT_FREE`] for the benchmark and psql. Nothing
+    /// for one server or SQLite.
     pub async fn pool_settings(
         &self,
         replicas: usize,
@@ -240,9 +255,8 @@ impl BenchDatabase {
         let max: i32 = row.try_get("", "max")?;
         db.close().await?;
         let default = better_compute::config::DatabaseConfig::default().max_connections as usize;
-        // Each replica holds its pool and one listening connection.
+        // The feed's listening connection is one of the pool's.
         let per_replica = (usize::try_from(max)?.saturating_sub(CONNECTIONS_KEPT_FREE) / replicas)
-            .saturating_sub(1)
             .clamp(2, default);
         tracing::info!(
             max,
@@ -595,9 +609,9 @@ impl Server {
     }
 }
 
-/// The server binary with only the benchmark's configuration: no `BC_…`, `DATABASE_URL`
-/// or `RUST_LOG` from the caller's environment.
-fn server_command(bin: &Path, env: &[(String, String)]) -> Command {
+/// The `better-compute` binary (a server, or a simulator's `sim`) with only the benchmark's
+/// configuration: no `BC_…`, `DATABASE_URL` or `RUST_LOG` from the caller's environment.
+pub(crate) fn server_command(bin: &Path, env: &[(String, String)]) -> Command {
     let mut command = Command::new(bin);
     for (key, _) in std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v))) {
         if key.starts_with("BC_") || key == "DATABASE_URL" || key == "RUST_LOG" {
@@ -873,8 +887,8 @@ pub async fn start_fleet(
         .context("createJoinToken returned no CA fingerprint")?;
     let gateways: Vec<String> = servers.iter().map(Server::gateway_url).collect();
     let processes = fleet.processes_for(nodes);
-    tracing::info!(nodes, ?gateways, processes, "starting the fleet");
-    if processes == 1 && fleet.sim_processes.is_none() {
+    tracing::info!(nodes, ?gateways, ?processes, "starting the fleet");
+    let Some(processes) = processes else {
         let options = fleet.sim_options();
         let inside = Fleet::start(
             &gateways,
@@ -886,7 +900,7 @@ pub async fn start_fleet(
         .await
         .context("starting the simulated fleet")?;
         return Ok(BenchFleet::Inside(inside));
-    }
+    };
     let binary = servers.first().context("a server to join")?.bin.clone();
     let spec = SimulatorSpec {
         binary,
@@ -938,11 +952,20 @@ impl BenchFleet {
         }
     }
 
-    /// How many processes the simulator runs in.
-    pub fn processes(&self) -> usize {
+    /// How many simulator processes hold the daemons (none: they run inside the benchmark).
+    pub fn processes(&self) -> Option<usize> {
         match self {
-            BenchFleet::Inside(_) => 1,
-            BenchFleet::Processes(children) => children.count(),
+            BenchFleet::Inside(_) => None,
+            BenchFleet::Processes(children) => Some(children.count()),
+        }
+    }
+
+    /// An error, with the end of its log, if a simulator process has exited: its daemons are
+    /// gone, and its last progress no longer says anything.
+    pub fn check(&self) -> anyhow::Result<()> {
+        match self {
+            BenchFleet::Inside(_) => Ok(()),
+            BenchFleet::Processes(children) => children.check(),
         }
     }
 
@@ -1141,6 +1164,7 @@ pub async fn bring_up(
                 .map(Server::log_tail)
                 .unwrap_or_default()
         );
+        fleet.check()?;
         ensure!(
             now < deadline,
             "the fleet was not schedulable within {timeout:?}: {progress}, {} adopted, {} schedulable",

@@ -12,6 +12,7 @@ use crate::sim::Progress;
 use anyhow::Context;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::AsyncBufReadExt;
@@ -21,6 +22,8 @@ use tokio::task::JoinHandle;
 /// How long a child may take to stop after SIGTERM before it is killed: its daemons get 15 s
 /// to close their sessions (`sim::SHUTDOWN_TIMEOUT`), plus time to exit.
 const STOP_TIMEOUT: Duration = Duration::from_secs(20);
+/// How many lines of a child's log an error quotes.
+const LOG_TAIL_LINES: usize = 10;
 
 /// What every child is given: where to join and how its daemons behave.
 #[derive(Debug, Clone)]
@@ -47,6 +50,8 @@ struct SimulatorProcess {
     child: Child,
     /// Its last progress line.
     progress: Arc<Mutex<Progress>>,
+    /// Set when its output ends: it has exited (or is about to), and its daemons are gone.
+    ended: Arc<AtomicBool>,
     reader: JoinHandle<()>,
     log: PathBuf,
 }
@@ -67,6 +72,22 @@ impl SimulatorProcesses {
         }
         tracing::info!(nodes, processes, "simulator processes started");
         Ok(SimulatorProcesses { children })
+    }
+
+    /// An error quoting its log if a child has exited (before [`SimulatorProcesses::shutdown`]).
+    pub fn check(&self) -> anyhow::Result<()> {
+        match self
+            .children
+            .iter()
+            .find(|c| c.ended.load(Ordering::Relaxed))
+        {
+            None => Ok(()),
+            Some(child) => anyhow::bail!(
+                "a simulator process exited; {} ends with:\n{}",
+                child.log.display(),
+                child.log_tail()
+            ),
+        }
     }
 
     /// How many children there are.
@@ -115,7 +136,7 @@ impl SimulatorProcess {
         let log = log_path(&spec.log_dir, index);
         let stderr =
             std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-        let mut command = Command::new(&spec.binary);
+        let mut command = crate::bench::server_command(&spec.binary, &[]);
         command
             .arg("sim")
             .args(spec.gateways.iter().flat_map(|g| ["--server", g.as_str()]))
@@ -128,7 +149,6 @@ impl SimulatorProcess {
             command.args(["--heartbeat-secs", &every.as_secs().to_string()]);
         }
         let mut child = command
-            .env_remove("BC_CONFIG")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(stderr)
@@ -140,8 +160,10 @@ impl SimulatorProcess {
             nodes,
             ..Progress::default()
         }));
+        let ended = Arc::new(AtomicBool::new(false));
         let reader = tokio::spawn({
             let progress = progress.clone();
+            let ended = ended.clone();
             async move {
                 let mut lines = tokio::io::BufReader::new(stdout).lines();
                 while let Ok(Some(line)) = lines.next_line().await {
@@ -152,11 +174,17 @@ impl SimulatorProcess {
                         *shown = latest;
                     }
                 }
+                // Whatever its last line said, none of its daemons is connected now.
+                if let Ok(mut shown) = progress.lock() {
+                    shown.connected = 0;
+                }
+                ended.store(true, Ordering::Relaxed);
             }
         });
         Ok(SimulatorProcess {
             child,
             progress,
+            ended,
             reader,
             log,
         })
@@ -192,14 +220,17 @@ impl SimulatorProcess {
         progress.lock().map(|p| *p).unwrap_or_default()
     }
 
-    /// The last line of its log, when some of its daemons gave up.
+    /// The end of its log, when some of its daemons gave up.
     fn sample_error(&self) -> Option<String> {
-        if self.progress().failed == 0 {
-            return None;
-        }
-        let log = std::fs::read_to_string(&self.log).ok()?;
-        let last = log.lines().rev().find(|l| !l.trim().is_empty())?;
-        Some(format!("{} ({})", last, self.log.display()))
+        (self.progress().failed > 0)
+            .then(|| format!("{} ends with:\n{}", self.log.display(), self.log_tail()))
+    }
+
+    /// The last [`LOG_TAIL_LINES`] lines of its log.
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join("\n")
     }
 }
 

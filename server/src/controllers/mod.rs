@@ -62,8 +62,8 @@ pub const LIFECYCLE_BATCH_WINDOW: Duration = Duration::from_millis(200);
 
 /// How often the leader brings PostgreSQL's planner statistics up to date
 /// ([`Services::refresh_planner_statistics`]): often enough that a fleet growing by
-/// thousands of nodes a minute is planned for its size within half a minute, and the check
-/// is one catalog query when nothing is due.
+/// thousands of nodes a minute is planned for its size within half a minute; a fleet that
+/// stopped growing costs one catalog query per round.
 pub const PLANNER_STATISTICS_EVERY: Duration = Duration::from_secs(30);
 
 /// What became of one node a controller tried to change.
@@ -326,7 +326,7 @@ async fn refresh_planner_statistics(services: Services, leads: Arc<AtomicBool>) 
             }
             Ok(_) => {}
             Err(err) => {
-                tracing::warn!(code = err.code(), reason = %err.message(), "refreshing planner statistics failed");
+                tracing::warn!(error = ?err, "refreshing planner statistics failed");
             }
         }
     }

@@ -98,8 +98,9 @@ impl Services {
         self.store.pool_stats()
     }
 
-    /// Brings PostgreSQL's planner statistics up to date where autovacuum's rule says they
-    /// are due ([`store::planner_statistics`]): the tables analysed.
+    /// Brings PostgreSQL's planner statistics up to date for the tables whose size moved
+    /// past autovacuum's analyse threshold ([`store::planner_statistics`]): the tables
+    /// analysed.
     pub async fn refresh_planner_statistics(&self) -> ApiResult<Vec<String>> {
         Ok(store::planner_statistics::analyse_tables_due(self.store.db()).await?)
     }

@@ -329,6 +329,7 @@ async fn measure(
     let elapsed = start.elapsed();
     let metrics_after = metrics_of(apis).await?;
     let cpu_after = bench::cpu_ticks_of(servers)?;
+    fleet.check()?;
     let sim_cpu_after = fleet.cpu_ticks()?;
     let progress = fleet.progress();
     let (mut rss_kb, mut peak_rss_kb) = (0, 0);
@@ -482,6 +483,9 @@ async fn kill_one_replica(
                 fleet.progress()
             ));
         }
+        if let Err(err) = fleet.check() {
+            break Err(err);
+        }
         let progress = fleet.progress();
         if reconnected.is_none()
             && progress.connected == nodes
@@ -622,8 +626,8 @@ fn check(body: &Value, field: &str) -> Result<i64, Sample> {
 struct Report {
     nodes: usize,
     replicas: usize,
-    /// The processes the simulated daemons ran in (1: inside the benchmark).
-    sim_processes: usize,
+    /// The simulator processes that held the daemons (none: they ran inside the benchmark).
+    sim_processes: Option<usize>,
     backend: String,
     window: Duration,
     heartbeat_secs: u64,
@@ -696,10 +700,9 @@ impl Report {
                 RAW_CPU,
             ),
             (
-                if self.sim_processes == 1 {
-                    "simulator CPU (inside the benchmark)".into()
-                } else {
-                    format!("simulator CPU ({} processes summed)", self.sim_processes)
+                match self.sim_processes {
+                    None => "simulator CPU (inside the benchmark)".into(),
+                    Some(n) => format!("simulator CPU ({n} sim processes and the benchmark)"),
                 },
                 format!("{:.1} % of one core", m.sim_cpu),
                 "",

@@ -9,24 +9,31 @@
 //! thousands of times faster (BENCHMARKS.md: a 75 ms page of nodes at 10,000 nodes). New
 //! statistics (`ANALYZE`) invalidate those plans. Autovacuum analyses a table once enough of
 //! its rows changed, but at its own pace (a minute between rounds, by default), and not at
-//! all where it is off. This applies autovacuum's own rule, with the database's own settings,
-//! whenever the controllers ask: analyse a table once more rows changed since its last
-//! analysis than `autovacuum_analyze_threshold` plus `autovacuum_analyze_scale_factor` of
-//! its rows. Where autovacuum keeps up, nothing is left to do here.
+//! all where it is off. This analyses a table once its size moved from the one its
+//! statistics describe by more than autovacuum's own rule allows, with the database's own
+//! settings: `autovacuum_analyze_threshold` plus `autovacuum_analyze_scale_factor` of its
+//! rows. Size, not every change: updates in place (a heartbeat updates its node's session
+//! row) leave the plans right, and counting them would analyse the busiest tables on every
+//! round for ever. Once a fleet has stopped growing, nothing is due here.
+//!
+//! `SKIP_LOCKED`: a table autovacuum is working on is left for the next round rather than
+//! waited for (waiting would make PostgreSQL cancel that vacuum).
 //!
 //! SQLite keeps no statistics unless asked (`ANALYZE`) and then plans by fixed rules, so its
 //! plans do not go stale as tables grow: nothing to do there.
 
 use sea_orm::{ConnectionTrait, DbBackend, DbErr, Statement};
 
-/// This schema's tables due an `ANALYZE` by autovacuum's rule, their names quoted for SQL.
-/// A table never analysed counts as having no rows, so any 50 changes (the default
-/// threshold) make it due.
+/// This schema's tables whose live rows moved away from the count their statistics describe
+/// (`reltuples`) by more than autovacuum's analyse rule allows, their names quoted for SQL.
+/// A table never analysed counts as having no rows, so 50 rows (the default threshold) make
+/// it due.
 const TABLES_DUE: &str = "SELECT quote_ident(s.relname) AS name
     FROM pg_stat_user_tables s
     JOIN pg_class c ON c.oid = s.relid
     WHERE s.schemaname = current_schema()
-      AND s.n_mod_since_analyze > current_setting('autovacuum_analyze_threshold')::float8
+      AND abs(s.n_live_tup - greatest(c.reltuples, 0))
+          > current_setting('autovacuum_analyze_threshold')::float8
           + current_setting('autovacuum_analyze_scale_factor')::float8 * greatest(c.reltuples, 0)
     ORDER BY s.relname";
 
@@ -42,7 +49,8 @@ pub async fn analyse_tables_due(conn: &impl ConnectionTrait) -> Result<Vec<Strin
     for row in due {
         let name: String = row.try_get("", "name")?;
         // The name comes quoted from the catalog itself, never from a request.
-        conn.execute_unprepared(&format!("ANALYZE {name}")).await?;
+        conn.execute_unprepared(&format!("ANALYZE (SKIP_LOCKED) {name}"))
+            .await?;
         analysed.push(name);
     }
     Ok(analysed)
