@@ -109,7 +109,7 @@ impl SimulatorProcesses {
         self.children.iter().map(SimulatorProcess::progress).sum()
     }
 
-    /// Why some daemon gave up: the last line of the log of a child where one did.
+    /// Why some daemon gave up: the end of the log of a child where one did.
     pub fn sample_error(&self) -> Option<String> {
         self.children
             .iter()
