@@ -19,8 +19,9 @@
 //! `SKIP_LOCKED`: a table autovacuum is working on is left for the next round rather than
 //! waited for (waiting would make PostgreSQL cancel that vacuum).
 //!
-//! SQLite keeps no statistics unless asked (`ANALYZE`) and then plans by fixed rules, so its
-//! plans do not go stale as tables grow: nothing to do there.
+//! SQLite keeps no statistics unless asked (`ANALYZE`, which this server never runs there) and
+//! without them plans by fixed rules, so its plans do not go stale as tables grow: nothing to
+//! do there.
 
 use sea_orm::{ConnectionTrait, DbBackend, DbErr, Statement};
 
