@@ -568,9 +568,7 @@ impl Server {
 
     /// The last `LOG_TAIL_LINES` lines of the server's log.
     pub fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join("\n")
+        log_tail(&self.log, LOG_TAIL_LINES)
     }
 
     /// Kills the server (SIGKILL): it says nothing to anyone, as a crashed replica.
@@ -583,30 +581,54 @@ impl Server {
     /// A server that already stopped takes no time.
     pub async fn stop(&mut self) -> anyhow::Result<Duration> {
         let started = Instant::now();
-        if let Some(pid) = self.child.id() {
-            // If `kill` fails the server is gone already or the wait below times out and
-            // kills it, so its result adds nothing.
-            let _ = Command::new("kill")
-                .args(["-TERM", &pid.to_string()])
-                .status()
-                .await;
-            match tokio::time::timeout(CHILD_STOP_TIMEOUT, self.child.wait()).await {
-                Ok(status) => {
-                    let status = status?;
-                    if !status.success() {
-                        tracing::warn!(%status, "the server did not exit cleanly");
-                    }
-                }
-                Err(_) => {
-                    tracing::warn!(
-                        "the server did not stop within {CHILD_STOP_TIMEOUT:?}; killing it"
-                    );
-                    self.child.kill().await?;
-                }
+        match terminate(&mut self.child, CHILD_STOP_TIMEOUT).await? {
+            Stopped::Exited(status) if !status.success() => {
+                tracing::warn!(%status, "the server did not exit cleanly");
             }
+            Stopped::Killed => {
+                tracing::warn!("the server did not stop within {CHILD_STOP_TIMEOUT:?}; killed it");
+            }
+            Stopped::Exited(_) | Stopped::AlreadyGone => {}
         }
         Ok(started.elapsed())
     }
+}
+
+/// How [`terminate`] ended a child process.
+pub(crate) enum Stopped {
+    /// It exited after SIGTERM, with this status.
+    Exited(std::process::ExitStatus),
+    /// It did not exit within the time given and was killed.
+    Killed,
+    /// It had been waited for already.
+    AlreadyGone,
+}
+
+/// Asks a child process to stop (SIGTERM) and waits for it at most `timeout`, then kills it.
+pub(crate) async fn terminate(child: &mut Child, timeout: Duration) -> std::io::Result<Stopped> {
+    let Some(pid) = child.id() else {
+        return Ok(Stopped::AlreadyGone);
+    };
+    // If `kill` fails the child is gone already or the wait below times out and kills it,
+    // so its result adds nothing.
+    let _ = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .await;
+    match tokio::time::timeout(timeout, child.wait()).await {
+        Ok(status) => Ok(Stopped::Exited(status?)),
+        Err(_) => {
+            child.kill().await?;
+            Ok(Stopped::Killed)
+        }
+    }
+}
+
+/// The last `lines` lines of a log file (empty if it cannot be read).
+pub(crate) fn log_tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 /// The `better-compute` binary (a server, or a simulator's `sim`) with only the benchmark's

@@ -8,6 +8,7 @@
 //! line of each. SIGTERM stops a child as Ctrl-C stops `sim`: its daemons close their
 //! sessions, it prints its last progress and exits.
 
+use crate::bench::Stopped;
 use crate::sim::Progress;
 use anyhow::Context;
 use std::path::{Path, PathBuf};
@@ -16,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::AsyncBufReadExt;
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 use tokio::task::JoinHandle;
 
 /// How long a child may take to stop after SIGTERM before it is killed: its daemons get 15 s
@@ -199,20 +200,12 @@ impl SimulatorProcess {
     }
 
     async fn stop(mut self) -> Progress {
-        if let Some(pid) = self.child.id() {
-            // If `kill` fails the child is gone already or the wait below times out and
-            // kills it, so its result adds nothing.
-            let _ = Command::new("kill")
-                .args(["-TERM", &pid.to_string()])
-                .status()
-                .await;
-            if tokio::time::timeout(STOP_TIMEOUT, self.child.wait())
-                .await
-                .is_err()
-            {
-                tracing::warn!(pid, "a simulator process did not stop in time; killing it");
-                let _ = self.child.kill().await;
+        match crate::bench::terminate(&mut self.child, STOP_TIMEOUT).await {
+            Ok(Stopped::Killed) => {
+                tracing::warn!(log = %self.log.display(), "a simulator process did not stop in time; killed it");
             }
+            Ok(_) => {}
+            Err(err) => tracing::warn!(error = %err, "stopping a simulator process"),
         }
         // The child's stdout is closed now, so the reader has read its last line.
         let progress = self.progress.clone();
@@ -228,9 +221,7 @@ impl SimulatorProcess {
 
     /// The last [`LOG_TAIL_LINES`] lines of its log.
     fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join("\n")
+        crate::bench::log_tail(&self.log, LOG_TAIL_LINES)
     }
 }
 
