@@ -28,6 +28,9 @@ mod m20261203_000010_workflows;
 mod m20261203_000011_pool_acceptance;
 mod m20261203_000012_controller_leases;
 mod m20261203_000020_liveness_brakes;
+mod m20261205_000021_event_order_trigger;
+
+pub use m20261205_000021_event_order_trigger::{EVENT_ORDER_LOCK, NOTIFY_CHANNEL};
 
 /// Runs every migration in order; see [`MigratorTrait`] for `up`/`down`/`status`.
 pub struct Migrator;
@@ -50,6 +53,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261203_000011_pool_acceptance::Migration),
             Box::new(m20261203_000012_controller_leases::Migration),
             Box::new(m20261203_000020_liveness_brakes::Migration),
+            Box::new(m20261205_000021_event_order_trigger::Migration),
         ]
     }
 }

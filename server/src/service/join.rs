@@ -29,6 +29,39 @@ pub const MAX_JOIN_TOKEN_LIFETIME: Duration = Duration::days(365);
 pub const MAX_JOIN_TOKEN_USES: i64 = 1_000_000;
 /// Random bytes in a token's secret.
 const SECRET_BYTES: usize = 32;
+/// Gates in [`JoinTokenGates`]: enough that a few tokens in use at once rarely share one.
+const JOIN_TOKEN_GATES: usize = 64;
+
+/// Where a process's joins through one token take turns to count their use on the token's
+/// row, so that the database holds at most one join per process waiting for that row.
+///
+/// Every join through a token counts its use on the token's row, which stays locked until
+/// the join commits, so those joins run their last statements one at a time whatever
+/// happens here. Left to queue in the database, they did so slowly: with a fleet's joins
+/// spread over seven replicas on one PostgreSQL, 56 of their 77 connections waited on the
+/// row, every commit woke them all to contend for it again, and joins ran at 75 to 87 a
+/// second against about 300 from one replica (BENCHMARKS.md). Waiting here costs a task,
+/// not a database backend. Tokens are spread over [`JOIN_TOKEN_GATES`] gates by their id;
+/// two that share one take turns, which orders only each join's last statements.
+pub struct JoinTokenGates([tokio::sync::Mutex<()>; JOIN_TOKEN_GATES]);
+
+impl Default for JoinTokenGates {
+    fn default() -> Self {
+        JoinTokenGates(std::array::from_fn(|_| tokio::sync::Mutex::new(())))
+    }
+}
+
+impl JoinTokenGates {
+    /// Waits for the turn of joins through `token` in this process; the turn lasts as long as
+    /// the guard.
+    async fn enter(&self, token: &JoinTokenId) -> tokio::sync::MutexGuard<'_, ()> {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        token.hash(&mut hasher);
+        let gate = (hasher.finish() % JOIN_TOKEN_GATES as u64) as usize;
+        self.0[gate].lock().await
+    }
+}
 
 /// Parameters of a new join token.
 pub struct NewJoinToken {
@@ -44,16 +77,14 @@ fn parse_csr(pem: &str) -> ApiResult<NodeCsr> {
     NodeCsr::parse(pem).map_err(|e| ApiError::BadUserInput(e.to_string()))
 }
 
-/// The token `id` if it admits one more join by someone presenting `secret` at `now`; its row
-/// stays locked until the transaction ends when `lock` is set (PostgreSQL).
+/// The token `id` if it admits one more join by someone presenting `secret` at `now`.
 async fn admitting_token(
     txn: &WriteTxn,
     id: &JoinTokenId,
     secret: &str,
     now: DateTime<Utc>,
-    lock: bool,
 ) -> ApiResult<JoinToken> {
-    let token = join_tokens::get(&**txn, id, lock)
+    let token = join_tokens::get(&**txn, id, false)
         .await?
         .ok_or_else(|| refused("unknown token"))?;
     token
@@ -195,9 +226,9 @@ impl Services {
 
         let txn = self.store.write().await?;
         // The token admits the join twice: here, unlocked, so that a refused join writes
-        // nothing; and at the end, on its row locked for the rest of the transaction, which
-        // decides (see `count_use` below).
-        let token = admitting_token(&txn, &token_id, secret, now, false).await?;
+        // nothing; and at the end, where its use is counted on its row, which stays locked
+        // for the rest of the transaction and decides (see `spend_use` below).
+        let token = admitting_token(&txn, &token_id, secret, now).await?;
         // The CSR is checked once the token admits the join, so that nobody without a token
         // makes the server verify signatures, and before anything is written. It is signed
         // at the end, with the node's final identity.
@@ -308,11 +339,19 @@ impl Services {
         };
         let identity = self.issue(&csr, &node.id, node.identity_generation, now)?;
         // Every join through one token counts its use on the token's row, so joins wait on
-        // each other for that row's lock: taken last, it is held for this statement and the
-        // commit only, not for the whole join (on PostgreSQL at 10,000 joins, holding it from
-        // the start made 7,883 of them wait more than 25 ms, and joins ran one at a time).
-        let token = admitting_token(&txn, &token_id, secret, now, true).await?;
-        join_tokens::count_use(&*txn, &token.id, token.uses + 1).await?;
+        // each other for that row's lock: taken last, it is held for this statement, the
+        // events' insert and the commit only, not for the whole join (on PostgreSQL at
+        // 10,000 joins, holding it from the start made 7,883 of them wait more than 25 ms,
+        // and joins ran one at a time; at 100,000 nodes on seven replicas, most of their
+        // connections waited here, which is why this process's joins take turns first:
+        // BENCHMARKS.md).
+        let _turn = self.join_token_gates.enter(&token_id).await;
+        if !join_tokens::spend_use(&*txn, &token_id, now).await? {
+            // Joins that committed meanwhile used it up, or it was revoked or expired: the
+            // token says which.
+            admitting_token(&txn, &token_id, secret, now).await?;
+            return Err(refused(&bc_core::join::JoinRefusal::UsedUp.to_string()));
+        }
         txn.commit().await?;
         if reclaimed.is_some() {
             self.sessions

@@ -19,47 +19,31 @@ use super::batch_shapes::one_of;
 use super::rows::recorded_event;
 use super::{Store, WriteTxn};
 
-/// The PostgreSQL channel that announces new events to every replica. `pg_notify` is
-/// transactional: listeners hear it only when (and if) the transaction commits.
-pub const NOTIFY_CHANNEL: &str = "bc_events";
+/// The PostgreSQL channel that announces new events to every replica, and the advisory lock
+/// that orders event writers: both are taken by the `events` table's insert trigger, which
+/// the migration that defines them creates.
+pub use bc_migration::{EVENT_ORDER_LOCK, NOTIFY_CHANNEL};
 /// How long to wait before re-opening a dropped LISTEN connection.
 const LISTEN_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
-/// The advisory lock that orders event writers (an arbitrary constant, unique to us).
-pub const EVENT_ORDER_LOCK: i64 = 0x6263_6576_7473;
 /// The most events one INSERT writes when a transaction writes its events (a power of two:
 /// `batch_shapes`; PostgreSQL takes at most 65,535 parameters per statement, and an event has
 /// ten).
 const EVENTS_PER_INSERT: usize = 1_024;
 
-/// Makes `seq` order equal commit order on PostgreSQL, so a reader that follows
-/// `seq > last` never skips an event that commits late: the transaction takes a lock held
-/// until it commits, and only then takes its sequence numbers. SQLite has one writer at a
-/// time already.
+/// Writes a transaction's events, in the order they were appended. [`WriteTxn::commit`]
+/// calls it just before `COMMIT`.
 ///
-/// It is the last lock a transaction takes (ARCHITECTURE.md, Invariants: lock order): only
-/// [`write_pending`] calls it, from [`WriteTxn::commit`], after every other write, so a
-/// writer never waits for a row while holding it and the serialised stretch is the event
-/// insert and the commit.
-async fn order_events(conn: &impl ConnectionTrait) -> Result<(), sea_orm::DbErr> {
-    if conn.get_database_backend() == sea_orm::DbBackend::Postgres {
-        conn.execute_unprepared(&format!(
-            "SELECT pg_advisory_xact_lock({EVENT_ORDER_LOCK}); SELECT pg_notify('{NOTIFY_CHANNEL}', '')"
-        ))
-        .await?;
-    }
-    Ok(())
-}
-
-/// Writes a transaction's events, in the order they were appended: the event-order lock,
-/// then the inserts. [`WriteTxn::commit`] calls it just before `COMMIT`.
+/// Event order is commit order (ARCHITECTURE.md, Invariants): on PostgreSQL the first insert
+/// takes the event-order lock before its rows draw their sequence numbers (the `events`
+/// table's statement trigger, `bc_migration`'s `event_order_trigger`), and the transaction
+/// holds it until it commits, so a reader following `seq > last` never skips an event that
+/// commits late. It is the last lock a transaction takes (lock order): the inserts are its
+/// last writes, and the serialised stretch is the inserts and the commit. SQLite has one
+/// writer at a time already.
 pub(super) async fn write_pending(
     conn: &impl ConnectionTrait,
     rows: Vec<event::ActiveModel>,
 ) -> Result<(), sea_orm::DbErr> {
-    if rows.is_empty() {
-        return Ok(());
-    }
-    order_events(conn).await?;
     for run in super::batch_shapes::runs(rows, EVENTS_PER_INSERT) {
         event::Entity::insert_many(run)
             .exec_without_returning(conn)

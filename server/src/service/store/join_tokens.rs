@@ -89,21 +89,30 @@ pub async fn count(conn: &impl ConnectionTrait) -> anyhow::Result<u64> {
     Ok(join_token::Entity::find().count(conn).await?)
 }
 
-/// Records that the token admitted its `uses`-th join.
-pub async fn count_use(
+/// Counts one more use of the token if it still admits one at `now`, and says whether it
+/// did. The condition is [`JoinToken::admit`]'s but the secret (which the caller checked on
+/// the row it read before): not revoked, not expired, a use left. One statement, which locks
+/// the row for the rest of the transaction: joins through one token queue on that row from
+/// here to their commit, so the check and the count are one round trip, not a locked read
+/// and a write.
+pub async fn spend_use(
     conn: &impl ConnectionTrait,
     id: &JoinTokenId,
-    uses: i64,
-) -> anyhow::Result<()> {
-    join_token::Entity::update_many()
+    now: DateTime<Utc>,
+) -> anyhow::Result<bool> {
+    use sea_orm::sea_query::{Expr, ExprTrait};
+    let spent = join_token::Entity::update_many()
         .col_expr(
             join_token::Column::Uses,
-            sea_orm::sea_query::Expr::val(uses),
+            Expr::col(join_token::Column::Uses).add(1),
         )
         .filter(join_token::Column::Id.eq(id.to_string()))
+        .filter(join_token::Column::RevokedAt.is_null())
+        .filter(join_token::Column::ExpiresAt.gt(now))
+        .filter(Expr::col(join_token::Column::Uses).lt(Expr::col(join_token::Column::MaxUses)))
         .exec(conn)
         .await?;
-    Ok(())
+    Ok(spent.rows_affected == 1)
 }
 
 /// Marks the token revoked at `at`.

@@ -102,7 +102,7 @@ impl WriteTxn {
             .extend(rows);
     }
 
-    /// Writes the transaction's events (taking the event-order lock first, on PostgreSQL)
+    /// Writes the transaction's events (whose insert takes the event-order lock, on PostgreSQL)
     /// and commits.
     pub async fn commit(self) -> Result<(), sea_orm::DbErr> {
         let events = std::mem::take(
