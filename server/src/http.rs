@@ -365,9 +365,12 @@ fn error_response(status: StatusCode, err: &ApiError) -> Response {
 }
 
 /// Read buffer per subscription socket: tungstenite's default (128 KiB, zero-filled on every
-/// read) costs ~4x the CPU per delivered event and ~20x the memory per connection, and
-/// graphql-transport-ws messages from clients are tiny (see shared/notes/performance.md).
-const SUBSCRIPTION_READ_BUFFER_BYTES: usize = 4096;
+/// read) costs ~4x the CPU per delivered event and ~20x the memory per connection (see
+/// shared/notes/performance.md). What a client sends is small and rare (`connection_init`
+/// with its token, a `subscribe` with its document, pings), so 1 KiB holds most of it: a
+/// larger message is read in several reads, and grows only its own socket's buffer. Each KiB
+/// here is 10 MB at 10,000 subscribers (issue 16: at most 10 KB per subscriber).
+const SUBSCRIPTION_READ_BUFFER_BYTES: usize = 1024;
 
 /// GET `/graphql`: a WebSocket upgrade starts a `graphql-transport-ws` subscription session
 /// (the JWT travels in `connection_init`'s payload); anything else gets GraphiQL.
@@ -415,10 +418,10 @@ async fn graphql_get(State(state): State<AppState>, request: axum::extract::Requ
         .max_message_size(state.limits.max_body_bytes)
         .max_frame_size(state.limits.max_body_bytes)
         .protocols(async_graphql::http::ALL_WEBSOCKET_PROTOCOLS)
-        .on_upgrade(move |socket| {
-            crate::graphql_ws::serve(
+        .on_upgrade(move |socket| async move {
+            crate::subscription_runtime::spawn(crate::graphql_ws::serve(
                 socket, schema, hubs, protocol, keys, clock, limits, shutdown,
-            )
+            ));
         })
 }
 
