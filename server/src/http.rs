@@ -418,10 +418,10 @@ async fn graphql_get(State(state): State<AppState>, request: axum::extract::Requ
         .max_message_size(state.limits.max_body_bytes)
         .max_frame_size(state.limits.max_body_bytes)
         .protocols(async_graphql::http::ALL_WEBSOCKET_PROTOCOLS)
-        .on_upgrade(move |socket| async move {
-            crate::subscription_runtime::spawn(crate::graphql_ws::serve(
+        .on_upgrade(move |socket| {
+            crate::graphql_ws::serve(
                 socket, schema, hubs, protocol, keys, clock, limits, shutdown,
-            ));
+            )
         })
 }
 

@@ -29,40 +29,6 @@ pub const MAX_JOIN_TOKEN_LIFETIME: Duration = Duration::days(365);
 pub const MAX_JOIN_TOKEN_USES: i64 = 1_000_000;
 /// Random bytes in a token's secret.
 const SECRET_BYTES: usize = 32;
-/// Gates in [`JoinTokenGates`]: enough that a few tokens in use at once rarely share one.
-const JOIN_TOKEN_GATES: usize = 64;
-
-/// Where a process's joins through one token take turns to count their use on the token's
-/// row, so that the database holds at most one join per process waiting for that row.
-///
-/// Every join through a token counts its use on the token's row, which stays locked until
-/// the join commits, so those joins run their last statements one at a time whatever
-/// happens here. Left to queue in the database, they did so slowly: with a fleet's joins
-/// spread over seven replicas on one PostgreSQL, 56 of their 77 connections waited on the
-/// row, every commit woke them all to contend for it again, and joins ran at 75 to 87 a
-/// second against about 300 from one replica (BENCHMARKS.md). Waiting here costs a task,
-/// not a database backend. Tokens are spread over [`JOIN_TOKEN_GATES`] gates by their id;
-/// two that share one take turns, which orders only each join's last statements.
-pub struct JoinTokenGates([tokio::sync::Mutex<()>; JOIN_TOKEN_GATES]);
-
-impl Default for JoinTokenGates {
-    fn default() -> Self {
-        JoinTokenGates(std::array::from_fn(|_| tokio::sync::Mutex::new(())))
-    }
-}
-
-impl JoinTokenGates {
-    /// Waits for the turn of joins through `token` in this process; the turn lasts as long as
-    /// the guard.
-    async fn enter(&self, token: &JoinTokenId) -> tokio::sync::MutexGuard<'_, ()> {
-        use std::hash::{Hash, Hasher};
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        token.hash(&mut hasher);
-        let gate = (hasher.finish() % JOIN_TOKEN_GATES as u64) as usize;
-        self.0[gate].lock().await
-    }
-}
-
 /// Parameters of a new join token.
 pub struct NewJoinToken {
     pub site_id: SiteId,
@@ -343,14 +309,15 @@ impl Services {
         // events' insert and the commit only, not for the whole join (on PostgreSQL at
         // 10,000 joins, holding it from the start made 7,883 of them wait more than 25 ms,
         // and joins ran one at a time; at 100,000 nodes on seven replicas, most of their
-        // connections waited here, which is why this process's joins take turns first:
-        // BENCHMARKS.md).
-        let _turn = self.join_token_gates.enter(&token_id).await;
+        // connections waited here: BENCHMARKS.md).
         if !join_tokens::spend_use(&*txn, &token_id, now).await? {
             // Joins that committed meanwhile used it up, or it was revoked or expired: the
-            // token says which.
+            // token says which. One that still admits the join would mean the statement's
+            // condition and `JoinToken::admit` disagree.
             admitting_token(&txn, &token_id, secret, now).await?;
-            return Err(refused(&bc_core::join::JoinRefusal::UsedUp.to_string()));
+            return Err(ApiError::internal(anyhow::anyhow!(
+                "join token {token_id} admits the join, but counting its use found it did not"
+            )));
         }
         txn.commit().await?;
         if reclaimed.is_some() {

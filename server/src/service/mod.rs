@@ -58,8 +58,6 @@ pub struct Services {
     pub placement_retry: Arc<placement::PlacementRetry>,
     /// The BMC credential key and `[bare_metal]` (see [`bare_metal`]).
     pub bare_metal: Arc<bare_metal::BareMetal>,
-    /// Where this process's joins through one token take turns (see [`join::JoinTokenGates`]).
-    join_token_gates: Arc<join::JoinTokenGates>,
 }
 
 impl Services {
@@ -80,7 +78,6 @@ impl Services {
             sessions: Arc::default(),
             placement_retry: Arc::default(),
             bare_metal: Arc::new(bare_metal::BareMetal::ephemeral()),
-            join_token_gates: Arc::default(),
         })
     }
 

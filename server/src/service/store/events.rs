@@ -20,8 +20,8 @@ use super::rows::recorded_event;
 use super::{Store, WriteTxn};
 
 /// The PostgreSQL channel that announces new events to every replica, and the advisory lock
-/// that orders event writers: both are taken by the `events` table's insert trigger, which
-/// the migration that defines them creates.
+/// that orders event writers: the `events` table's insert trigger, which the migration that
+/// defines them creates, takes the lock and notifies the channel.
 pub use bc_migration::{EVENT_ORDER_LOCK, NOTIFY_CHANNEL};
 /// How long to wait before re-opening a dropped LISTEN connection.
 const LISTEN_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
