@@ -8,7 +8,8 @@
 //! # }
 //! ```
 //!
-//! The same DDL runs on SQLite and PostgreSQL. Migrations are frozen once
+//! The same DDL runs on SQLite and PostgreSQL, except where a migration says otherwise (the
+//! event-order trigger is PostgreSQL's alone). Migrations are frozen once
 //! released: never edit one, add a new `mYYYYMMDD_NNNNNN_*` module instead.
 
 pub use sea_orm_migration::MigratorTrait;

@@ -29,6 +29,7 @@ pub const MAX_JOIN_TOKEN_LIFETIME: Duration = Duration::days(365);
 pub const MAX_JOIN_TOKEN_USES: i64 = 1_000_000;
 /// Random bytes in a token's secret.
 const SECRET_BYTES: usize = 32;
+
 /// Parameters of a new join token.
 pub struct NewJoinToken {
     pub site_id: SiteId,
