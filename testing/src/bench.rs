@@ -440,7 +440,7 @@ impl Server {
         env.retain(|(key, _)| key != "BC_GATEWAY__GATEWAY_ID");
         env.push(("BC_GATEWAY__GATEWAY_ID".to_owned(), gateway_id.clone()));
         let log_file = std::fs::File::create(&log)?;
-        let child = server_command(bin, &env)
+        let child = isolated_command(bin, &env)
             .arg("serve")
             .stdout(Stdio::from(log_file.try_clone()?))
             .stderr(Stdio::from(log_file))
@@ -500,7 +500,7 @@ impl Server {
     /// An admin token from `better-compute token` with the server's configuration (so signed
     /// with its secret, for its audience), living `TOKEN_HOURS`.
     pub async fn admin_token(&self) -> anyhow::Result<String> {
-        let output = server_command(&self.bin, &self.env)
+        let output = isolated_command(&self.bin, &self.env)
             .args([
                 "token",
                 "--subject",
@@ -633,7 +633,7 @@ pub(crate) fn log_tail(path: &Path, lines: usize) -> String {
 
 /// The `better-compute` binary (a server, or a simulator's `sim`) with only the benchmark's
 /// configuration: no `BC_…`, `DATABASE_URL` or `RUST_LOG` from the caller's environment.
-pub(crate) fn server_command(bin: &Path, env: &[(String, String)]) -> Command {
+pub(crate) fn isolated_command(bin: &Path, env: &[(String, String)]) -> Command {
     let mut command = Command::new(bin);
     for (key, _) in std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v))) {
         if key.starts_with("BC_") || key == "DATABASE_URL" || key == "RUST_LOG" {

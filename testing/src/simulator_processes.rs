@@ -137,7 +137,7 @@ impl SimulatorProcess {
         let log = log_path(&spec.log_dir, index);
         let stderr =
             std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-        let mut command = crate::bench::server_command(&spec.binary, &[]);
+        let mut command = crate::bench::isolated_command(&spec.binary, &[]);
         command
             .arg("sim")
             .args(spec.gateways.iter().flat_map(|g| ["--server", g.as_str()]))
