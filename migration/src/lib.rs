@@ -30,6 +30,7 @@ mod m20261203_000011_pool_acceptance;
 mod m20261203_000012_controller_leases;
 mod m20261203_000020_liveness_brakes;
 mod m20261205_000021_event_order_trigger;
+mod m20261205_000022_nodes_awaiting_first_spec;
 
 pub use m20261205_000021_event_order_trigger::{EVENT_ORDER_LOCK, NOTIFY_CHANNEL};
 
@@ -55,6 +56,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261203_000012_controller_leases::Migration),
             Box::new(m20261203_000020_liveness_brakes::Migration),
             Box::new(m20261205_000021_event_order_trigger::Migration),
+            Box::new(m20261205_000022_nodes_awaiting_first_spec::Migration),
         ]
     }
 }

@@ -16,9 +16,8 @@ use crate::raw_daemon::*;
 use bc_core::clock::Clock;
 use bc_core::protocol::{DaemonMessage, GatewayMessage};
 use bc_testing::subscription::{ConnectError, ConnectOptions, SubMessage, SubscriptionClient};
-use bc_testing::{Backend, TestServer};
+use bc_testing::{TestServer, each_backend_with};
 use better_compute::auth::Role;
-use better_compute::config::Config;
 use chrono::Duration as ChronoDuration;
 use futures::StreamExt;
 use serde_json::{Value, json};
@@ -35,21 +34,6 @@ const WAIT: Duration = Duration::from_secs(20);
 const HELD: Duration = Duration::from_millis(300);
 
 const EVENTS: &str = "subscription { events { id type } }";
-
-/// Runs `test` on a fresh server per backend, configured by `configure` on top of the
-/// harness's settings.
-async fn each_backend_with(
-    configure: impl Fn(&mut Config) + Clone + Send + Sync + 'static,
-    test: impl AsyncFn(&TestServer),
-) {
-    for backend in Backend::selected() {
-        let s = TestServer::start_with(backend, configure.clone())
-            .await
-            .unwrap_or_else(|err| panic!("starting a {backend:?} test server: {err:#}"));
-        test(&s).await;
-        s.stop().await;
-    }
-}
 
 fn api_address(s: &TestServer) -> SocketAddr {
     s.server.local_addr

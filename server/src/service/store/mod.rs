@@ -32,8 +32,9 @@ pub mod workflows;
 use bc_migration::{Migrator, MigratorTrait};
 use sea_orm::sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 use sea_orm::{
-    ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DatabaseTransaction, DbBackend,
-    SqliteTransactionMode, TransactionOptions, TransactionTrait,
+    ConnAcquireErr, ConnectOptions, ConnectionTrait, Database, DatabaseConnection,
+    DatabaseTransaction, DbBackend, DbErr, RuntimeErr, SqliteTransactionMode, TransactionOptions,
+    TransactionTrait,
 };
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -62,6 +63,8 @@ pub struct Store {
     /// Woken after every committed write, so this process's event feed reads new events at
     /// once instead of at its next poll.
     committed: Arc<Notify>,
+    /// The pool's settings, which an error getting a connection names.
+    config: DatabaseConfig,
 }
 
 /// A write transaction, holding the SQLite write lock (if any) until it ends.
@@ -161,7 +164,9 @@ impl Store {
         {
             std::fs::create_dir_all(dir)?;
         }
-        let mut db = Database::connect(options).await?;
+        let mut db = Database::connect(options)
+            .await
+            .map_err(|err| explain_pool_timeout(err, config))?;
         db.set_metric_callback(statement_metrics::record);
         let sqlite_write_lock =
             (db.get_database_backend() == DbBackend::Sqlite).then(|| Arc::new(Mutex::new(())));
@@ -169,13 +174,15 @@ impl Store {
             db,
             sqlite_write_lock,
             committed: Arc::default(),
+            config: config.clone(),
         })
     }
 
     /// Runs pending migrations.
     pub async fn migrate(&self) -> anyhow::Result<()> {
-        Migrator::up(&self.db, None).await?;
-        Ok(())
+        Migrator::up(&self.db, None)
+            .await
+            .map_err(|err| explain_pool_timeout(err, &self.config))
     }
 
     pub fn db(&self) -> &DatabaseConnection {
@@ -262,6 +269,25 @@ impl Store {
     }
 }
 
+/// `err`, explained when it is the pool giving up on a connection: at start that is a
+/// database that does not answer or refuses new connections, and sqlx's own words ("pool
+/// timed out while waiting for an open connection") name neither. PostgreSQL refuses past
+/// its `max_connections`, which every replica's pool counts against.
+fn explain_pool_timeout(err: DbErr, config: &DatabaseConfig) -> anyhow::Error {
+    let timed_out = matches!(err, DbErr::ConnectionAcquire(ConnAcquireErr::Timeout))
+        || matches!(&err, DbErr::Conn(RuntimeErr::SqlxError(e)) if matches!(**e, sea_orm::sqlx::Error::PoolTimedOut));
+    if !timed_out {
+        return err.into();
+    }
+    anyhow::Error::new(err).context(format!(
+        "no database connection within {} s ([database] acquire_timeout_secs): the database \
+         does not answer, or it refuses new connections; PostgreSQL refuses them past its \
+         `max_connections` setting, which the pools of every replica count against (each \
+         opens up to [database] max_connections = {})",
+        config.acquire_timeout_secs, config.max_connections
+    ))
+}
+
 fn sqlite_path(url: &str) -> Option<&str> {
     let rest = url
         .strip_prefix("sqlite://")
@@ -277,5 +303,29 @@ pub fn lock_for_update<S: sea_orm::QuerySelect>(select: S, conn: &impl Connectio
         select.lock_exclusive()
     } else {
         select
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_database_that_gives_no_connection_is_explained_naming_max_connections() {
+        let config = DatabaseConfig {
+            max_connections: 3,
+            acquire_timeout_secs: 1,
+        };
+        // Nothing listens on port 1, so every connection is refused; sqlx retries a refused
+        // connection (a database starting up) until the pool gives up, as it does against a
+        // PostgreSQL past its `max_connections`.
+        let err = match Store::connect("postgres://postgres@127.0.0.1:1/none", &config).await {
+            Ok(_) => panic!("connected to a port nothing listens on"),
+            Err(err) => format!("{err:#}"),
+        };
+        assert!(
+            err.contains("within 1 s") && err.contains("max_connections = 3"),
+            "{err}"
+        );
     }
 }

@@ -765,14 +765,7 @@ pub async fn awaiting_first_spec(
     states: &[ProvisionState],
     limit: u64,
 ) -> anyhow::Result<Vec<(NodeId, i64)>> {
-    let rows = node::Entity::find()
-        .select_only()
-        .column(node::Column::Id)
-        .column(node::Column::Version)
-        .filter(node::Column::DeletedAt.is_null())
-        .filter(node::Column::Generation.eq(0))
-        .filter(node::Column::ProvisionState.is_in(states.iter().map(ToString::to_string)))
-        .limit(limit)
+    let rows = awaiting_first_spec_query(states, limit)
         .into_tuple::<(String, i64)>()
         .all(conn)
         .await?;
@@ -786,6 +779,24 @@ pub async fn awaiting_first_spec(
         .collect()
 }
 
+/// [`awaiting_first_spec`]'s query. Its predicate is the partial index's
+/// (`ix_nodes_awaiting_first_spec`, migration `m20261205_000022_nodes_awaiting_first_spec`)
+/// written out, not bound: a plan for `generation = $1` cannot assume the index's
+/// `generation = 0`, and PostgreSQL switches a prepared statement run often to such a generic
+/// plan; with the literal, every plan may use the index.
+fn awaiting_first_spec_query(
+    states: &[ProvisionState],
+    limit: u64,
+) -> sea_orm::Select<node::Entity> {
+    node::Entity::find()
+        .select_only()
+        .column(node::Column::Id)
+        .column(node::Column::Version)
+        .filter(Expr::cust("generation = 0 AND deleted_at IS NULL"))
+        .filter(node::Column::ProvisionState.is_in(states.iter().map(ToString::to_string)))
+        .limit(limit)
+}
+
 /// How many nodes match.
 pub async fn count(conn: &impl ConnectionTrait, filter: &NodeFilter) -> anyhow::Result<u64> {
     use sea_orm::PaginatorTrait;
@@ -793,4 +804,54 @@ pub async fn count(conn: &impl ConnectionTrait, filter: &NodeFilter) -> anyhow::
         .filter(filter.condition())
         .count(conn)
         .await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::DatabaseConfig;
+    use crate::service::store::Store;
+    use sea_orm::QueryTrait;
+
+    /// The NodeSpec controller's query reads the partial index, not the table: a settled fleet
+    /// has no node at generation 0, and every Lifecycle pass asks.
+    #[tokio::test]
+    async fn nodes_awaiting_their_first_spec_are_found_through_their_index() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let url = format!(
+            "sqlite://{}?mode=rwc",
+            dir.path().join("bc.sqlite").display()
+        );
+        let store = Store::connect(&url, &DatabaseConfig::default())
+            .await
+            .expect("open SQLite");
+        store.migrate().await.expect("migrate");
+        // Written out in the statement itself, not bound (see the query's comment).
+        let postgres = awaiting_first_spec_query(&[ProvisionState::Adopted], 10)
+            .build(DbBackend::Postgres)
+            .sql;
+        assert!(
+            postgres.contains("generation = 0 AND deleted_at IS NULL"),
+            "{postgres}"
+        );
+        let query = awaiting_first_spec_query(&[ProvisionState::Adopted], 10)
+            .build(DbBackend::Sqlite)
+            .to_string();
+        let plan: Vec<String> = store
+            .db()
+            .query_all_raw(sea_orm::Statement::from_string(
+                DbBackend::Sqlite,
+                format!("EXPLAIN QUERY PLAN {query}"),
+            ))
+            .await
+            .expect("explain")
+            .into_iter()
+            .map(|row| row.try_get::<String>("", "detail").expect("detail"))
+            .collect();
+        assert!(
+            plan.iter()
+                .any(|step| step.contains("ix_nodes_awaiting_first_spec")),
+            "{query}: {plan:?}"
+        );
+    }
 }
