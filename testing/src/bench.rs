@@ -231,11 +231,13 @@ impl BenchDatabase {
 
     /// The settings that fit `replicas` servers' connection pools into the PostgreSQL
     /// server's `max_connections` (100 by default: seven replicas of the default pool of 16
-    /// would not fit), keeping [`CONNECTIONS_KEPT_FREE`] for the benchmark and psql. Nothing
-    /// for one server or SQLite.
+    /// would not fit), keeping [`CONNECTIONS_KEPT_FREE`] for the benchmark and psql: `asked`
+    /// connections each if given (refused if they do not fit), else as many as fit, at most
+    /// the server's default. Nothing for one server or SQLite.
     pub async fn pool_settings(
         &self,
         replicas: usize,
+        asked: Option<usize>,
     ) -> anyhow::Result<Vec<(&'static str, String)>> {
         let Some(url) = self.url.as_deref().filter(|u| u.starts_with("postgres")) else {
             return Ok(Vec::new());
@@ -256,8 +258,23 @@ impl BenchDatabase {
         db.close().await?;
         let default = better_compute::config::DatabaseConfig::default().max_connections as usize;
         // The feed's listening connection is one of the pool's.
-        let per_replica = (usize::try_from(max)?.saturating_sub(CONNECTIONS_KEPT_FREE) / replicas)
-            .clamp(2, default);
+        let fitting = usize::try_from(max)?.saturating_sub(CONNECTIONS_KEPT_FREE) / replicas;
+        let per_replica = match asked {
+            Some(asked) => {
+                anyhow::ensure!(
+                    asked >= 2,
+                    "a replica needs at least 2 database connections (the feed listens on one)"
+                );
+                anyhow::ensure!(
+                    asked <= fitting,
+                    "{replicas} replicas of {asked} connections do not fit PostgreSQL's \
+                     max_connections ({max}, {CONNECTIONS_KEPT_FREE} kept free): at most {fitting} \
+                     each"
+                );
+                asked
+            }
+            None => fitting.clamp(2, default),
+        };
         tracing::info!(
             max,
             replicas,

@@ -265,12 +265,16 @@ pub fn ReservationsPage() -> impl IntoView {
                     <tbody>
                         <For
                             each=move || list.get()
-                            key=|r| (r.id.clone(), r.version, r.reason.clone())
+                            // Keyed by reservation alone, like the fleet table: a row that
+                            // changes keeps its element and updates its cells, so a click on
+                            // its Release button is not lost to a redraw.
+                            key=|r| r.id.clone()
                             children=move |r| view! {
                                 <ReservationRow
                                     reservation=r
+                                    list=list
                                     tenants=tenant_names
-                                    can_change=can_change()
+                                    can_change=Signal::derive(can_change)
                                     on_release=Callback::new(move |r| releasing.set(Some(r)))
                                 />
                             }
@@ -304,51 +308,70 @@ pub fn ReservationsPage() -> impl IntoView {
 
 #[component]
 fn ReservationRow(
+    /// The reservation as the row was first rendered.
     reservation: Reservation,
+    /// The list the row shows a reservation of: the row reads its reservation from it, so
+    /// each cell follows that reservation's changes.
+    list: RwSignal<Vec<Reservation>>,
     tenants: RwSignal<Names>,
-    can_change: bool,
+    can_change: Signal<bool>,
     on_release: Callback<Reservation>,
 ) -> impl IntoView {
     let ctx = ctx();
-    let r = reservation;
-    let tenant = {
-        let id = r.tenant_id.clone();
-        move || tenants.with(|t| t.name(&id).to_owned())
+    let id = reservation.id.clone();
+    // The reservation as the list has it now; once it has left the list (and until the row
+    // is removed), the last one shown.
+    let current = {
+        let id = id.clone();
+        Memo::new(move |previous: Option<&Reservation>| {
+            list.with(|l| l.iter().find(|r| r.id == id).cloned())
+                .or_else(|| previous.cloned())
+                .unwrap_or_else(|| reservation.clone())
+        })
     };
-    let pool = {
-        let id = r.pool_id.clone();
-        move || ctx.names.with(|n| n.name(&id).to_owned())
+    let tenant = move || {
+        let tenant = current.with(|r| r.tenant_id.clone());
+        tenants.with(|t| t.name(&tenant).to_owned())
     };
-    let nodes: Vec<String> = r.active_nodes().into_iter().map(str::to_owned).collect();
-    let releasable = can_change && r.is_live();
-    let state = r.state.clone();
-    let shown = r.clone();
-    let link = format!("/reservations/{}", r.id);
-    let id_text = r.id.clone();
+    let pool = move || {
+        let pool = current.with(|r| r.pool_id.clone());
+        ctx.names.with(|n| n.name(&pool).to_owned())
+    };
+    let link = format!("/reservations/{id}");
+    let id_text = id.clone();
     view! {
-        <tr data-testid="reservation-row" data-reservation=r.id.clone() data-state=r.state.clone() data-version=r.version>
+        <tr data-testid="reservation-row" data-reservation=id
+            data-state=move || current.with(|r| r.state.clone())
+            data-version=move || current.with(|r| r.version)>
             <td data-col="id"><A href=link><code>{id_text}</code></A></td>
             <td data-col="tenant" class="nowrap">{tenant}</td>
             <td data-col="pool" class="nowrap">{pool}</td>
-            <td data-col="shape" class="nowrap">{r.shape()}</td>
-            <td data-col="policy" class="nowrap">{state_text(&r.policy)}</td>
-            <td data-col="state" class=format!("state {}", state.to_ascii_lowercase())>{state_text(&state)}</td>
-            <td data-col="reason" class="reason">{r.reason.clone().unwrap_or_default()}</td>
+            <td data-col="shape" class="nowrap">{move || current.with(Reservation::shape)}</td>
+            <td data-col="policy" class="nowrap">{move || current.with(|r| state_text(&r.policy))}</td>
+            <td data-col="state" class=move || current.with(|r| format!("state {}", r.state.to_ascii_lowercase()))>
+                {move || current.with(|r| state_text(&r.state))}
+            </td>
+            <td data-col="reason" class="reason">{move || current.with(|r| r.reason.clone().unwrap_or_default())}</td>
             <td data-col="nodes">
                 {move || {
                     ctx.fleet.revision.track();
-                    nodes.iter().map(|id| {
-                        let link = format!("/nodes/{id}");
-                        let host = hostname(ctx.fleet, id);
-                        view! { <A href=link>{host}</A>" " }
-                    }).collect_view()
+                    current.with(|r| {
+                        r.active_nodes().into_iter().map(|id| {
+                            let link = format!("/nodes/{id}");
+                            let host = hostname(ctx.fleet, id);
+                            view! { <A href=link>{host}</A>" " }
+                        }).collect_view()
+                    })
                 }}
             </td>
-            <td data-col="created" class="nowrap">{since(&r.created_at)}</td>
+            <td data-col="created" class="nowrap">{move || current.with(|r| since(&r.created_at))}</td>
             <td>
-                {releasable.then(|| view! {
-                    <button data-testid="reservation-release" on:click=move |_| on_release.run(shown.clone())>"Release"</button>
-                })}
+                // `Show` memoizes its condition: the button is replaced only when it appears
+                // or goes, not on every change of the reservation.
+                <Show when=move || can_change.get() && current.with(Reservation::is_live)>
+                    <button data-testid="reservation-release"
+                        on:click=move |_| on_release.run(current.get_untracked())>"Release"</button>
+                </Show>
             </td>
         </tr>
     }

@@ -93,6 +93,10 @@ struct Args {
     /// After the window, kill one replica and measure the failover (needs `--replicas` ≥ 2).
     #[arg(long)]
     kill_replica: bool,
+    /// Database connections in each replica's pool (PostgreSQL, `--replicas` ≥ 2). Default:
+    /// as many as PostgreSQL's `max_connections` leaves each, at most the server's default.
+    #[arg(long)]
+    connections_per_replica: Option<usize>,
     #[command(flatten)]
     server: ServerArgs,
 }
@@ -124,6 +128,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
         !args.kill_replica || args.replicas >= 2,
         "--kill-replica needs --replicas 2 or more"
     );
+    ensure!(
+        args.connections_per_replica.is_none() || args.replicas >= 2,
+        "--connections-per-replica needs --replicas 2 or more (one server's pool is [database] max_connections)"
+    );
     let server_bin = bench::server_binary(args.server.server_bin.as_deref())?;
     let fd_limit = rlimit::increase_nofile_limit(u64::MAX).context("raising RLIMIT_NOFILE")?;
     let sessions_per_replica = args.nodes.div_ceil(args.replicas) as u64;
@@ -137,7 +145,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let dir = tempfile::Builder::new().prefix("fleet-bench-").tempdir()?;
     let database = BenchDatabase::prepare(args.postgres, args.database_url.as_deref()).await?;
 
-    let pools = database.pool_settings(args.replicas).await?;
+    let pools = database
+        .pool_settings(args.replicas, args.connections_per_replica)
+        .await?;
     let server = Server::start(
         &server_bin,
         dir.path(),
