@@ -60,6 +60,15 @@ const NODE_ID_PAGE: usize = 1000;
 /// PostgreSQL connections [`BenchDatabase::pool_settings`] leaves to others than the
 /// replicas: the benchmark's own, a psql to look on, and the superuser's reserve.
 const CONNECTIONS_KEPT_FREE: usize = 10;
+/// PostgreSQL connections the replicas' pools hold together by default, per core of this
+/// machine (which runs PostgreSQL too): more backends than that do not do more work, they
+/// queue for the same cores and locks. 10,000 nodes on seven replicas were schedulable in
+/// 88 s with 3 connections each (21 in all on 2 cores), 93 s with 4, 114 s with 6 and 172 s
+/// with 12, the most that fit under `max_connections` (BENCHMARKS.md).
+const CONNECTIONS_PER_CORE: usize = 10;
+/// The fewest connections a replica's pool may have: the event feed listens on one, and
+/// the others serve everything else.
+const MIN_CONNECTIONS_PER_REPLICA: usize = 3;
 /// How long the join token a benchmark mints lives: longer than a fleet takes to come up.
 const JOIN_TOKEN_TTL: Duration = Duration::from_secs(2 * 3600);
 
@@ -229,11 +238,12 @@ impl BenchDatabase {
         })
     }
 
-    /// The settings that fit `replicas` servers' connection pools into the PostgreSQL
-    /// server's `max_connections` (100 by default: seven replicas of the default pool of 16
-    /// would not fit), keeping [`CONNECTIONS_KEPT_FREE`] for the benchmark and psql: `asked`
-    /// connections each if given (refused if they do not fit), else as many as fit, at most
-    /// the server's default. Nothing for one server or SQLite.
+    /// The pool size of each of `replicas` servers on PostgreSQL: `asked` if given (refused
+    /// if the pools do not fit the PostgreSQL server's `max_connections`, keeping
+    /// [`CONNECTIONS_KEPT_FREE`] for the benchmark and psql), else [`CONNECTIONS_PER_CORE`]
+    /// per core of this machine shared among them, at least
+    /// [`MIN_CONNECTIONS_PER_REPLICA`] and at most what fits and the server's default.
+    /// Nothing for one server or SQLite.
     pub async fn pool_settings(
         &self,
         replicas: usize,
@@ -259,11 +269,17 @@ impl BenchDatabase {
         let default = better_compute::config::DatabaseConfig::default().max_connections as usize;
         // The feed's listening connection is one of the pool's.
         let fitting = usize::try_from(max)?.saturating_sub(CONNECTIONS_KEPT_FREE) / replicas;
+        anyhow::ensure!(
+            fitting >= MIN_CONNECTIONS_PER_REPLICA,
+            "{replicas} replicas of {MIN_CONNECTIONS_PER_REPLICA} connections or more do not fit \
+             PostgreSQL's max_connections ({max}, {CONNECTIONS_KEPT_FREE} kept free)"
+        );
         let per_replica = match asked {
             Some(asked) => {
                 anyhow::ensure!(
-                    asked >= 2,
-                    "a replica needs at least 2 database connections (the feed listens on one)"
+                    asked >= MIN_CONNECTIONS_PER_REPLICA,
+                    "a replica needs at least {MIN_CONNECTIONS_PER_REPLICA} database connections \
+                     (the event feed listens on one)"
                 );
                 anyhow::ensure!(
                     asked <= fitting,
@@ -273,7 +289,12 @@ impl BenchDatabase {
                 );
                 asked
             }
-            None => fitting.clamp(2, default),
+            None => {
+                let cores = std::thread::available_parallelism().map_or(1, usize::from);
+                (CONNECTIONS_PER_CORE * cores / replicas)
+                    .clamp(MIN_CONNECTIONS_PER_REPLICA, default)
+                    .min(fitting)
+            }
         };
         tracing::info!(
             max,
