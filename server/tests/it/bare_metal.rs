@@ -218,13 +218,16 @@ async fn the_power_controller_and_power_actions_against_the_redfish_emulator() {
         let w = enroll(s, &place, emulator_bmc(&emulator, Some(&two), &password), &two, "EMU-2").await.data()["enrollBareMetalNode"]["bareMetalNode"].clone();
         let id2 = node_id(&w);
 
+        // One pass asks both BMCs. The emulator, a Python process beside a loaded test run,
+        // fails a request now and then (one of these two did in CI); the controller counts
+        // the failure and asks again an interval later. So each node's power is awaited,
+        // not assumed from the first pass.
         let report = tick(s).await;
-        assert_eq!((report.polled, report.answered, report.changes.power_changed), (2, 2, 2), "{report:?}");
-        let v = view(s, &id).await;
-        assert_eq!(v["power"], "OFF");
+        assert_eq!(report.polled, 2, "{report:?}");
+        let v = tick_until(s, &id, Duration::from_secs(20), |v| v["power"] == "OFF").await;
         assert_eq!(v["bmcReachable"], true);
         assert_eq!(v["bmc"]["systemPath"], format!("/redfish/v1/Systems/{one}"));
-        assert_eq!(view(s, &id2).await["power"], "ON");
+        tick_until(s, &id2, Duration::from_secs(20), |v| v["power"] == "ON").await;
         // Not due again before the interval: a second tick polls nothing.
         assert_eq!(tick(s).await.polled, 0);
 
