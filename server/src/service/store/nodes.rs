@@ -545,75 +545,89 @@ pub async fn save_many(
 }
 
 /// Rewrites each child table of the nodes whose contents there changed (`before` is `None`
-/// for a new node): one delete per [`CHILD_LOAD_CHUNK`] nodes and an insert per run of at
-/// most [`CHILD_WRITE_RUN`] rows, per table.
+/// for a new node, which has no rows yet): one delete per [`CHILD_LOAD_CHUNK`] nodes already
+/// stored and an insert per run of at most [`CHILD_WRITE_RUN`] rows, per table.
 async fn write_children(
     conn: &impl ConnectionTrait,
     writes: &[(Option<&NodeRecord>, &NodeRecord)],
 ) -> anyhow::Result<()> {
+    // A new node has no rows to delete, so a join or an enrolment deletes nothing: four
+    // statements fewer in its transaction (on SQLite each is a round trip to the database's
+    // thread while every other writer waits).
     fn changed<'a, T: PartialEq>(
         writes: &[(Option<&'a NodeRecord>, &'a NodeRecord)],
         part: impl Fn(&NodeRecord) -> &T,
-    ) -> Vec<&'a NodeRecord> {
-        writes
-            .iter()
-            .filter(|(before, after)| before.is_none_or(|b| part(b) != part(after)))
-            .map(|(_, after)| *after)
-            .collect()
+    ) -> Replaced<'a> {
+        let mut replaced = Replaced::default();
+        for (before, after) in writes {
+            match before {
+                None => replaced.written.push(*after),
+                Some(before) if part(before) != part(after) => {
+                    replaced.cleared.push(after.id.to_string());
+                    replaced.written.push(*after);
+                }
+                Some(_) => {}
+            }
+        }
+        replaced
     }
     replace_children(
         conn,
         node_label::Column::NodeId,
-        &changed(writes, |n| &n.labels),
+        changed(writes, |n| &n.labels),
         rows::label_rows,
     )
     .await?;
     replace_children(
         conn,
         node_taint::Column::NodeId,
-        &changed(writes, |n| &n.taints),
+        changed(writes, |n| &n.taints),
         rows::taint_rows,
     )
     .await?;
     replace_children(
         conn,
         node_condition::Column::NodeId,
-        &changed(writes, |n| &n.conditions),
+        changed(writes, |n| &n.conditions),
         rows::condition_rows,
     )
     .await?;
     replace_children(
         conn,
         node_no_schedule_reason::Column::NodeId,
-        &changed(writes, |n| &n.no_schedule_reasons),
+        changed(writes, |n| &n.no_schedule_reasons),
         rows::reason_rows,
     )
     .await
 }
 
-/// Replaces one child table's rows of `nodes` with what `rows_of` makes of them.
+/// One child table's part of [`write_children`].
+#[derive(Default)]
+struct Replaced<'a> {
+    /// The nodes whose stored rows are deleted first.
+    cleared: Vec<String>,
+    /// The nodes whose rows are then inserted.
+    written: Vec<&'a NodeRecord>,
+}
+
+/// Replaces one child table's rows of some nodes with what `rows_of` makes of them.
 async fn replace_children<E, A>(
     conn: &impl ConnectionTrait,
     node_id: E::Column,
-    nodes: &[&NodeRecord],
+    replaced: Replaced<'_>,
     rows_of: fn(&NodeRecord) -> Vec<A>,
 ) -> anyhow::Result<()>
 where
     E: EntityTrait,
     A: sea_orm::ActiveModelTrait<Entity = E> + Send,
 {
-    for chunk in nodes.chunks(CHILD_LOAD_CHUNK) {
-        let ids: Vec<String> = chunk.iter().map(|n| n.id.to_string()).collect();
+    for ids in replaced.cleared.chunks(CHILD_LOAD_CHUNK) {
         E::delete_many()
-            .filter(one_of(
-                Expr::col(node_id),
-                &ids,
-                conn.get_database_backend(),
-            ))
+            .filter(one_of(Expr::col(node_id), ids, conn.get_database_backend()))
             .exec(conn)
             .await?;
     }
-    let rows: Vec<A> = nodes.iter().flat_map(|n| rows_of(n)).collect();
+    let rows: Vec<A> = replaced.written.iter().flat_map(|n| rows_of(n)).collect();
     for run in runs(rows, CHILD_WRITE_RUN) {
         E::insert_many(run).exec_without_returning(conn).await?;
     }
@@ -860,5 +874,73 @@ mod tests {
                 .any(|step| step.contains("ix_nodes_awaiting_first_spec")),
             "{query}: {plan:?}"
         );
+    }
+
+    /// A new node has no child rows, so writing it deletes none (a join ran four empty
+    /// deletes); a node written over its loaded self replaces only the child tables that
+    /// changed.
+    #[tokio::test]
+    async fn a_new_node_deletes_no_child_rows_and_a_changed_one_replaces_only_what_changed() {
+        use bc_core::axes::SiteKind;
+        use bc_core::catalog::{Placement, Site};
+        use bc_core::ids::SiteId;
+        use std::sync::{Arc, Mutex};
+
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let url = format!(
+            "sqlite://{}?mode=rwc",
+            dir.path().join("bc.sqlite").display()
+        );
+        let store = Store::connect(&url, &DatabaseConfig::default())
+            .await
+            .expect("open SQLite");
+        store.migrate().await.expect("migrate");
+        // A handle of its own, to watch its statements.
+        let mut db = store.db().clone();
+        let ran = Arc::new(Mutex::new(Vec::<String>::new()));
+        db.set_metric_callback({
+            let ran = ran.clone();
+            move |info| {
+                let kind = super::super::statement_metrics::statement_kind(&info.statement.sql);
+                ran.lock().expect("statements").push(kind);
+            }
+        });
+        let take = || std::mem::take(&mut *ran.lock().expect("statements"));
+
+        let now = chrono::Utc::now();
+        let site = Site {
+            id: SiteId::generate(),
+            name: "dc1".into(),
+            kind: SiteKind::Platform,
+            owner_tenant_id: None,
+            created_at: now,
+        };
+        super::super::catalog::insert_site(&db, &site)
+            .await
+            .expect("a site");
+        let mut node = NodeRecord::new(
+            Placement::new_node("gpu-1.dc1", &site, None, ProvisionState::Adopting),
+            now,
+        )
+        .expect("a node");
+        node.labels.insert("team".into(), "vision".into());
+        take();
+
+        insert(&db, &node).await.expect("insert");
+        assert_eq!(take(), ["insert nodes", "insert node_labels"]);
+
+        let mut changed = node.clone();
+        changed.version += 1;
+        changed.labels.insert("rack".into(), "r1".into());
+        save_many(&db, &[(&node, &changed)]).await.expect("save");
+        assert_eq!(
+            take(),
+            ["insert nodes", "delete node_labels", "insert node_labels"]
+        );
+        let stored = load(&db, &node.id, false)
+            .await
+            .expect("load")
+            .expect("the node");
+        assert_eq!(stored.labels, changed.labels);
     }
 }
