@@ -870,6 +870,11 @@ fn cpu_ticks(stat_path: &str) -> anyhow::Result<f64> {
 
 /// The clock ticks in a second of CPU time, to turn [`Server::cpu_ticks`] and
 /// [`own_cpu_ticks`] into seconds.
+/// CPU time in clock ticks (from `/proc`), spent over `wall`, as % of one core.
+pub fn share_of_a_core(ticks: f64, clk_tck: f64, wall: Duration) -> f64 {
+    100.0 * ticks / clk_tck / wall.as_secs_f64().max(0.001)
+}
+
 pub async fn clock_ticks_per_second() -> f64 {
     match Command::new("getconf").arg("CLK_TCK").output().await {
         Ok(output) => String::from_utf8_lossy(&output.stdout)
@@ -1176,14 +1181,17 @@ pub async fn bring_up(
         let now = Instant::now();
         if now >= next_sample || milestones[3].is_some() {
             let cpu = cpu_ticks_of(servers)?;
-            let wall = now.duration_since(cpu_at_sample.0).as_secs_f64().max(0.001);
             timeline.push(BringUpSample {
                 at: now.duration_since(started),
                 joined: reached[0],
                 connected: reached[1],
                 adopted: reached[2],
                 schedulable: reached[3],
-                server_cpu: 100.0 * (cpu - cpu_at_sample.1) / clk_tck / wall,
+                server_cpu: share_of_a_core(
+                    cpu - cpu_at_sample.1,
+                    clk_tck,
+                    now.duration_since(cpu_at_sample.0),
+                ),
             });
             cpu_at_sample = (now, cpu);
             next_sample += BRING_UP_SAMPLE_EVERY;
@@ -1203,9 +1211,7 @@ pub async fn bring_up(
                 connected,
                 adopted,
                 schedulable,
-                server_cpu: 100.0 * (cpu - cpu_at_start)
-                    / clk_tck
-                    / started.elapsed().as_secs_f64().max(0.001),
+                server_cpu: share_of_a_core(cpu - cpu_at_start, clk_tck, started.elapsed()),
                 timeline,
             });
         }

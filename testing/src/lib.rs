@@ -23,7 +23,8 @@ pub mod subscription;
 pub mod workload;
 
 pub use daemon::{
-    CaTrust, DaemonError, DaemonKnobs, DaemonStatus, FakeDaemon, GatewayContext, Phase,
+    CaTrust, DaemonError, DaemonErrorKind, DaemonKnobs, DaemonStatus, ErrorCounts, FakeDaemon,
+    GatewayContext, Phase,
 };
 pub use metal::{MetalFleet, MetalOptions, MetalPlace, MetalProgress};
 pub use server::{Backend, Gql, TestServer, each_backend, each_backend_with};

@@ -8,7 +8,9 @@
 //! the same seed, node count and prefix give the same machines (and hostnames), so running
 //! a simulation again re-joins the same nodes in place.
 
-use crate::daemon::{CaTrust, DaemonError, DaemonKnobs, FakeDaemon, FleetCounters, GatewayContext};
+use crate::daemon::{
+    CaTrust, DaemonError, DaemonKnobs, ErrorCounts, FakeDaemon, FleetCounters, GatewayContext,
+};
 use crate::inventory;
 use serde::{Deserialize, Serialize};
 use std::future::Future;
@@ -247,6 +249,9 @@ pub struct Progress {
     pub failed: u64,
     /// Errors so far (each failed try counts).
     pub errors: u64,
+    /// `errors` by kind.
+    #[serde(default)]
+    pub errors_by_kind: ErrorCounts,
     /// Sessions opened so far (reconnects count again).
     pub sessions: u64,
     pub heartbeats_sent: u64,
@@ -262,6 +267,7 @@ impl std::iter::Sum for Progress {
             connected: total.connected + p.connected,
             failed: total.failed + p.failed,
             errors: total.errors + p.errors,
+            errors_by_kind: total.errors_by_kind + p.errors_by_kind,
             sessions: total.sessions + p.sessions,
             heartbeats_sent: total.heartbeats_sent + p.heartbeats_sent,
             renewals: total.renewals + p.renewals,
@@ -273,15 +279,13 @@ impl std::fmt::Display for Progress {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{}/{} joined, {}/{} connected, {} failed, {} errors, {} heartbeats",
-            self.joined,
-            self.nodes,
-            self.connected,
-            self.nodes,
-            self.failed,
-            self.errors,
-            self.heartbeats_sent
-        )
+            "{}/{} joined, {}/{} connected, {} failed, {} errors",
+            self.joined, self.nodes, self.connected, self.nodes, self.failed, self.errors,
+        )?;
+        if self.errors > 0 {
+            write!(f, " ({})", self.errors_by_kind)?;
+        }
+        write!(f, ", {} heartbeats", self.heartbeats_sent)
     }
 }
 
@@ -380,6 +384,11 @@ impl Fleet {
             connected: c.connected.load(Ordering::Relaxed),
             failed: c.failed.load(Ordering::Relaxed),
             errors: c.errors.load(Ordering::Relaxed),
+            errors_by_kind: c
+                .errors_by_kind
+                .lock()
+                .map(|by_kind| *by_kind)
+                .unwrap_or_default(),
             sessions: c.sessions.load(Ordering::Relaxed),
             heartbeats_sent: c.heartbeats_sent.load(Ordering::Relaxed),
             renewals: c.renewals.load(Ordering::Relaxed),
@@ -495,6 +504,33 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A simulator process's progress line is read by another build of the benchmark, maybe
+    /// older or newer: counts of error kinds it does not send are none, and they add up.
+    #[test]
+    fn progress_lines_carry_errors_by_kind_and_tolerate_missing_ones() {
+        let old: Progress =
+            serde_json::from_str(r#"{"nodes":2,"joined":2,"connected":1,"failed":0,"errors":1,"sessions":2,"heartbeatsSent":5,"renewals":0}"#)
+                .expect("a line without errorsByKind");
+        assert_eq!(old.errors_by_kind, ErrorCounts::default());
+        let partial: Progress = serde_json::from_str(
+            r#"{"nodes":2,"joined":2,"connected":1,"failed":0,"errors":3,"errorsByKind":{"unreachable":2,"timeout":1},"sessions":2,"heartbeatsSent":5,"renewals":0}"#,
+        )
+        .expect("a line with some kinds");
+        let round_trip: Progress =
+            serde_json::from_str(&serde_json::to_string(&partial).expect("serialize"))
+                .expect("parse");
+        assert_eq!(round_trip, partial);
+        let total: Progress = [old, partial].into_iter().sum();
+        assert_eq!(total.errors, 4);
+        assert_eq!(total.errors_by_kind.to_string(), "unreachable 2, timeout 1");
+        assert!(
+            total
+                .to_string()
+                .contains("4 errors (unreachable 2, timeout 1)"),
+            "{total}"
+        );
+    }
 
     #[test]
     fn overrides_hit_exactly_their_share_spread_over_the_fleet() {

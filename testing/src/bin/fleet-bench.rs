@@ -15,7 +15,9 @@
 //! plane: the daemons are spread over their gateways, every request of the window goes to a
 //! random replica, and CPU and memory are the replicas' sums. `--kill-replica` then kills one
 //! replica (SIGKILL, nothing said to its daemons) and measures how long its nodes take to
-//! reconnect to the others, with cordons running through the survivors meanwhile.
+//! reconnect to the others, with cordons running through the survivors meanwhile, and traces
+//! the failover every 10 s (daemons connected, the survivors' and the simulator's CPU) with
+//! the daemons' errors by kind since the kill.
 //!
 //! Everything talks to 127.0.0.1 only; every loop is bounded; the children are stopped on exit.
 //!
@@ -25,6 +27,7 @@
 //! ```
 
 use anyhow::{Context, ensure};
+use bc_testing::ErrorCounts;
 use bc_testing::bench::BenchFleet;
 use bc_testing::bench::{
     self, Api, BenchDatabase, BringUp, FleetArgs, Latencies, Row, Server, ServerArgs,
@@ -135,14 +138,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     );
     let server_bin = bench::server_binary(args.server.server_bin.as_deref())?;
     let fd_limit = rlimit::increase_nofile_limit(u64::MAX).context("raising RLIMIT_NOFILE")?;
-    let sessions_per_replica = args.nodes.div_ceil(args.replicas) as u64;
-    if fd_limit < sessions_per_replica + bench::SPARE_FDS {
-        tracing::warn!(
-            fd_limit,
-            sessions_per_replica,
-            "the file descriptor limit is low for this many sessions on each replica: add --replicas"
-        );
-    }
+    check_gateway_capacity(&args, fd_limit)?;
     let dir = tempfile::Builder::new().prefix("fleet-bench-").tempdir()?;
     let database = BenchDatabase::prepare(args.postgres, args.database_url.as_deref()).await?;
 
@@ -188,6 +184,42 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     bench::finish(server, database, dir, args.server.keep, outcome).await
+}
+
+/// Refuses, before a bring-up that may take twenty minutes, a fleet the replicas' gateways
+/// cannot hold: each takes at most the connections its open-file limit allows
+/// (`ConnectionCaps::derive`, 16,200 at 20,000 files; the servers inherit this process's
+/// limit), which are the sessions and the joins in flight, and with `--kill-replica` the
+/// survivors must hold them all. (Seven replicas hold 100,000 nodes, but six of them only
+/// 97,200: the rest would be refused until one came back.)
+fn check_gateway_capacity(args: &Args, fd_limit: u64) -> anyhow::Result<()> {
+    use better_compute::config::{Config, ConnectionCaps};
+    let per_gateway = ConnectionCaps::derive(&Config::default(), fd_limit)?.gateway;
+    let connections = args.nodes + args.fleet.join_concurrency;
+    let needed = connections.div_ceil(per_gateway);
+    let replicas_flag = |replicas: usize| {
+        if args.postgres || args.database_url.is_some() {
+            format!("--replicas {replicas}")
+        } else {
+            format!("--postgres --replicas {replicas}")
+        }
+    };
+    ensure!(
+        args.replicas >= needed,
+        "{} nodes (and {} joins at a time) need at least {needed} replicas: a gateway holds at most {per_gateway} connections at this open-file limit ({fd_limit}); use {}",
+        args.nodes,
+        args.fleet.join_concurrency,
+        replicas_flag(needed)
+    );
+    ensure!(
+        !args.kill_replica || args.replicas > needed,
+        "after --kill-replica, {} replicas would have to hold {} nodes (and {} joins at a time), and a gateway holds at most {per_gateway} connections at this open-file limit ({fd_limit}); use {}",
+        args.replicas - 1,
+        args.nodes,
+        args.fleet.join_concurrency,
+        replicas_flag(needed + 1)
+    );
+    Ok(())
 }
 
 async fn run_bench(
@@ -378,10 +410,10 @@ async fn measure(
         nodes_query,
         conflicts,
         failures,
-        server_cpu: (cpu_after - cpu_before) / clk_tck / elapsed.as_secs_f64() * 100.0,
+        server_cpu: bench::share_of_a_core(cpu_after - cpu_before, clk_tck, elapsed),
         server_rss_kb: rss_kb,
         server_peak_rss_kb: peak_rss_kb,
-        sim_cpu: (sim_cpu_after - sim_cpu_before) / clk_tck / elapsed.as_secs_f64() * 100.0,
+        sim_cpu: bench::share_of_a_core(sim_cpu_after - sim_cpu_before, clk_tck, elapsed),
         connected_at_end: progress.connected,
         progress,
     })
@@ -402,6 +434,8 @@ const FAILOVER_TIMEOUT: Duration = Duration::from_secs(120);
 const FAILOVER_POLL: Duration = Duration::from_millis(250);
 /// How often a cordon goes through a surviving replica during the failover.
 const FAILOVER_CORDON_EVERY: Duration = Duration::from_millis(100);
+/// How often the failover's trace notes the daemons connected and the CPU taken since.
+const FAILOVER_TRACE_EVERY: Duration = Duration::from_secs(10);
 /// The page size of the node listing that checks where every session is.
 const SESSION_PAGE: u64 = 1000;
 
@@ -422,6 +456,94 @@ struct Failover {
     /// Cordons and uncordons through the surviving replicas meanwhile.
     cordon: Latencies,
     failures: Vec<String>,
+    /// The course of the reconnects, and what failed on the way there.
+    trace: FailoverTrace,
+}
+
+/// The failover's course, a point about every [`FAILOVER_TRACE_EVERY`] after the kill and
+/// one at its end, and the daemons' errors by kind since the kill.
+#[derive(Default)]
+struct FailoverTrace {
+    points: Vec<TracePoint>,
+    errors: ErrorCounts,
+}
+
+struct TracePoint {
+    /// Since the kill.
+    at: Duration,
+    connected: u64,
+    /// The surviving servers' CPU since the previous point, in % of one core.
+    server_cpu: f64,
+    /// The simulator processes' and the benchmark's CPU since the previous point, in % of
+    /// one core.
+    sim_cpu: f64,
+}
+
+/// A reading of the CPU the surviving servers and the simulator have taken, and when.
+struct CpuReading {
+    servers: f64,
+    simulator: f64,
+    at: Instant,
+}
+
+impl CpuReading {
+    fn take(servers: &[Server], fleet: &BenchFleet) -> anyhow::Result<CpuReading> {
+        Ok(CpuReading {
+            servers: bench::cpu_ticks_of(servers)?,
+            simulator: fleet.cpu_ticks()?,
+            at: Instant::now(),
+        })
+    }
+}
+
+impl FailoverTrace {
+    /// Adds a point: the daemons connected now, and the CPU since `last` (which becomes now).
+    fn point(
+        &mut self,
+        killed: Instant,
+        connected: u64,
+        last: &mut CpuReading,
+        clk_tck: f64,
+        servers: &[Server],
+        fleet: &BenchFleet,
+    ) -> anyhow::Result<()> {
+        let now = CpuReading::take(servers, fleet)?;
+        let wall = now.at - last.at;
+        self.points.push(TracePoint {
+            at: now.at - killed,
+            connected,
+            server_cpu: bench::share_of_a_core(now.servers - last.servers, clk_tck, wall),
+            sim_cpu: bench::share_of_a_core(now.simulator - last.simulator, clk_tck, wall),
+        });
+        *last = now;
+        Ok(())
+    }
+
+    fn rows(&self) -> Vec<Row<'static>> {
+        let mut rows: Vec<Row<'static>> = self
+            .points
+            .iter()
+            .map(|point| {
+                (
+                    format!(
+                        "  at {:.1} s: connected, CPU servers / simulator",
+                        point.at.as_secs_f64()
+                    ),
+                    format!(
+                        "{}, {:.0} % / {:.0} %",
+                        point.connected, point.server_cpu, point.sim_cpu
+                    ),
+                    "",
+                )
+            })
+            .collect();
+        rows.push((
+            "  daemons' errors since the kill, by kind".into(),
+            self.errors.to_string(),
+            "",
+        ));
+        rows
+    }
 }
 
 /// Kills the replica that runs the controllers (SIGKILL: it tells no one), the hardest one
@@ -460,8 +582,13 @@ async fn kill_one_replica(
     // The killed replica's daemons are back when they have opened as many new sessions and
     // every daemon is connected: `connected` alone may still show the moment before the kill
     // (simulator processes report twice a second).
-    let sessions_before = fleet.progress().sessions;
+    let before = fleet.progress();
+    let sessions_before = before.sessions;
+    let mut trace = FailoverTrace::default();
+    let clk_tck = bench::clock_ticks_per_second().await;
+    let mut cpu = CpuReading::take(servers, fleet)?;
     let killed = Instant::now();
+    let mut next_point = killed + FAILOVER_TRACE_EVERY;
     victim.kill().await?;
 
     let stop_cordons = Arc::new(AtomicBool::new(false));
@@ -496,16 +623,32 @@ async fn kill_one_replica(
     let mut ticker = tokio::time::interval(FAILOVER_POLL);
     let watched = loop {
         ticker.tick().await;
-        if killed.elapsed() >= FAILOVER_TIMEOUT {
-            break Err(anyhow::anyhow!(
-                "the failover was not over within {FAILOVER_TIMEOUT:?}: reconnected {reconnected:?}, served {served:?}, new leader {new_leader:?}; {}",
-                fleet.progress()
-            ));
-        }
         if let Err(err) = fleet.check() {
             break Err(err);
         }
         let progress = fleet.progress();
+        trace.errors = progress.errors_by_kind.since(&before.errors_by_kind);
+        if killed.elapsed() >= FAILOVER_TIMEOUT {
+            break Err(anyhow::anyhow!(
+                "the failover was not over within {FAILOVER_TIMEOUT:?}: reconnected {reconnected:?}, served {served:?}, new leader {new_leader:?}; {} of {nodes} connected",
+                progress.connected
+            ));
+        }
+        if Instant::now() >= next_point {
+            if let Err(err) = trace.point(
+                killed,
+                progress.connected,
+                &mut cpu,
+                clk_tck,
+                servers,
+                fleet,
+            ) {
+                break Err(err);
+            }
+            // A pass of this loop may take seconds (listing every session through the API),
+            // so the next point is due an interval after this one, not on a fixed grid.
+            next_point = Instant::now() + FAILOVER_TRACE_EVERY;
+        }
         if reconnected.is_none()
             && progress.connected == nodes
             && progress.sessions >= sessions_before + sessions_lost
@@ -537,7 +680,24 @@ async fn kill_one_replica(
     };
     stop_cordons.store(true, Ordering::Relaxed);
     let (cordon, cordon_failures) = cordons.await?;
-    watched?;
+    // The last point: where the failover ended, or where the bench gave up on it.
+    let last_point = trace.point(
+        killed,
+        fleet.progress().connected,
+        &mut cpu,
+        clk_tck,
+        servers,
+        fleet,
+    );
+    if let Err(err) = watched {
+        let trace: Vec<String> = trace
+            .rows()
+            .into_iter()
+            .map(|(what, value, _)| format!("{}: {value}", what.trim()))
+            .collect();
+        return Err(err.context(format!("the failover so far: {}", trace.join("; "))));
+    }
+    last_point?;
     failures.extend(cordon_failures);
     Ok(Failover {
         sessions_lost,
@@ -547,6 +707,7 @@ async fn kill_one_replica(
         served: served.unwrap_or_default(),
         cordon,
         failures,
+        trace,
     })
 }
 
@@ -782,6 +943,7 @@ impl Report {
                     "",
                 ),
             ]);
+            rows.extend(f.trace.rows());
         }
         let mut out = std::io::stdout().lock();
         writeln!(out)?;

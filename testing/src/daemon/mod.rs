@@ -29,7 +29,7 @@ pub use tls::{CaTrust, GatewayContext, normalize_fingerprint};
 
 use crate::inventory::Machine;
 use chrono::{DateTime, Utc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -104,6 +104,175 @@ impl DaemonError {
             | DaemonError::IdentityRevoked(_)
             | DaemonError::AlreadyRunning => true,
             _ => false,
+        }
+    }
+
+    /// What kind of failure this is, for a fleet's count of errors by kind.
+    pub fn kind(&self) -> DaemonErrorKind {
+        match self {
+            DaemonError::Timeout(_) => DaemonErrorKind::Timeout,
+            DaemonError::Refused { .. } | DaemonError::WebSocket(tungstenite::Error::Http(_)) => {
+                DaemonErrorKind::Refused
+            }
+            DaemonError::Protocol(_) | DaemonError::BadAnswer { .. } => DaemonErrorKind::Protocol,
+            DaemonError::Tls(_) => DaemonErrorKind::Tls,
+            DaemonError::Io(err) | DaemonError::WebSocket(tungstenite::Error::Io(err)) => {
+                kind_of_io(err)
+            }
+            DaemonError::WebSocket(
+                tungstenite::Error::ConnectionClosed | tungstenite::Error::AlreadyClosed,
+            ) => DaemonErrorKind::Transport,
+            DaemonError::WebSocket(_) => DaemonErrorKind::Protocol,
+            DaemonError::Http(err) => kind_of_http(err),
+            DaemonError::BadGatewayUrl { .. }
+            | DaemonError::Ca(_)
+            | DaemonError::CaFingerprintMismatch { .. }
+            | DaemonError::Verifier(_)
+            | DaemonError::Pem(_)
+            | DaemonError::Key(_)
+            | DaemonError::IdentityRevoked(_)
+            | DaemonError::AlreadyRunning => DaemonErrorKind::Other,
+        }
+    }
+}
+
+/// An I/O error's kind: nothing listening, a timeout, a TLS handshake that failed (tokio-rustls
+/// reports those as I/O errors), or another failure of the connection.
+fn kind_of_io(err: &std::io::Error) -> DaemonErrorKind {
+    match err.kind() {
+        std::io::ErrorKind::ConnectionRefused => DaemonErrorKind::Unreachable,
+        std::io::ErrorKind::TimedOut => DaemonErrorKind::Timeout,
+        _ if err
+            .get_ref()
+            .is_some_and(|inner| inner.is::<rustls::Error>()) =>
+        {
+            DaemonErrorKind::Tls
+        }
+        _ => DaemonErrorKind::Transport,
+    }
+}
+
+/// A join's or renewal's HTTP error's kind, from what reqwest wraps.
+fn kind_of_http(err: &reqwest::Error) -> DaemonErrorKind {
+    if err.is_timeout() {
+        return DaemonErrorKind::Timeout;
+    }
+    let mut source = std::error::Error::source(err);
+    while let Some(cause) = source {
+        if cause.is::<rustls::Error>() {
+            return DaemonErrorKind::Tls;
+        }
+        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+            return kind_of_io(io);
+        }
+        source = cause.source();
+    }
+    DaemonErrorKind::Transport
+}
+
+/// The kinds of [`DaemonError`] a fleet counts apart: during a failover they tell the
+/// killed gateway (`unreachable`: nothing listens) from a full one (`transport`: it closes a
+/// connection it cannot hold at once) and from one too slow to open a session (`timeout`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DaemonErrorKind {
+    /// Nothing listens at the gateway's address (the connection was refused).
+    Unreachable,
+    /// The connection was reset or closed, or failed another way.
+    Transport,
+    /// The TLS handshake failed.
+    Tls,
+    /// A session did not open within the daemon's wait, or a request timed out.
+    Timeout,
+    /// The gateway answered with an HTTP error status (a 5xx, a 429 when busy, or a 4xx that
+    /// refused the request).
+    Refused,
+    /// The gateway's answer was not what `bcd/v1` says.
+    Protocol,
+    /// Anything else (a bad URL or CA, a key that could not be made, …).
+    Other,
+}
+
+/// Errors counted by [`DaemonErrorKind`]. Sent between processes as JSON (a simulator
+/// process's progress line), so each kind is a named field, absent meaning none.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ErrorCounts {
+    pub unreachable: u64,
+    pub transport: u64,
+    pub tls: u64,
+    pub timeout: u64,
+    pub refused: u64,
+    pub protocol: u64,
+    pub other: u64,
+}
+
+impl ErrorCounts {
+    /// Counts one error of `kind`.
+    pub fn count(&mut self, kind: DaemonErrorKind) {
+        let counter = match kind {
+            DaemonErrorKind::Unreachable => &mut self.unreachable,
+            DaemonErrorKind::Transport => &mut self.transport,
+            DaemonErrorKind::Tls => &mut self.tls,
+            DaemonErrorKind::Timeout => &mut self.timeout,
+            DaemonErrorKind::Refused => &mut self.refused,
+            DaemonErrorKind::Protocol => &mut self.protocol,
+            DaemonErrorKind::Other => &mut self.other,
+        };
+        *counter += 1;
+    }
+
+    /// Every count with its kind's spelling in reports (its field's name).
+    fn each(&self) -> [(&'static str, u64); 7] {
+        [
+            ("unreachable", self.unreachable),
+            ("transport", self.transport),
+            ("tls", self.tls),
+            ("timeout", self.timeout),
+            ("refused", self.refused),
+            ("protocol", self.protocol),
+            ("other", self.other),
+        ]
+    }
+
+    /// `self` and `other` combined by `op`, kind by kind.
+    fn zip(&self, other: &ErrorCounts, op: impl Fn(u64, u64) -> u64) -> ErrorCounts {
+        ErrorCounts {
+            unreachable: op(self.unreachable, other.unreachable),
+            transport: op(self.transport, other.transport),
+            tls: op(self.tls, other.tls),
+            timeout: op(self.timeout, other.timeout),
+            refused: op(self.refused, other.refused),
+            protocol: op(self.protocol, other.protocol),
+            other: op(self.other, other.other),
+        }
+    }
+
+    /// The errors counted since `earlier` (counts only grow).
+    pub fn since(&self, earlier: &ErrorCounts) -> ErrorCounts {
+        self.zip(earlier, u64::saturating_sub)
+    }
+}
+
+impl std::ops::Add for ErrorCounts {
+    type Output = ErrorCounts;
+    fn add(self, other: ErrorCounts) -> ErrorCounts {
+        self.zip(&other, |a, b| a + b)
+    }
+}
+
+/// The kinds that were counted, as `unreachable 3, timeout 12` (or `none`).
+impl std::fmt::Display for ErrorCounts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let counted: Vec<String> = self
+            .each()
+            .into_iter()
+            .filter(|(_, count)| *count > 0)
+            .map(|(kind, count)| format!("{kind} {count}"))
+            .collect();
+        if counted.is_empty() {
+            f.write_str("none")
+        } else {
+            f.write_str(&counted.join(", "))
         }
     }
 }
@@ -244,6 +413,8 @@ pub struct FleetCounters {
     /// Daemons that stopped.
     pub stopped: AtomicU64,
     pub errors: AtomicU64,
+    /// `errors` by kind (rare enough for a lock).
+    pub errors_by_kind: std::sync::Mutex<ErrorCounts>,
     pub sessions: AtomicU64,
     pub heartbeats_sent: AtomicU64,
     pub renewals: AtomicU64,
@@ -565,6 +736,9 @@ impl FakeDaemon {
 
     fn record_error(&self, err: &DaemonError) {
         self.shared.counters.errors.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut by_kind) = self.shared.counters.errors_by_kind.lock() {
+            by_kind.count(err.kind());
+        }
         let message = err.to_string();
         self.update(|s| {
             s.errors += 1;
@@ -642,5 +816,76 @@ mod tests {
             }
             .is_permanent()
         );
+    }
+
+    /// The kinds a failover report tells apart: the killed gateway (nothing listens), a full
+    /// one (the connection closed at once), a failed TLS handshake (tokio-rustls reports it
+    /// as an I/O error), a wait that ran out, and an HTTP refusal.
+    #[test]
+    fn errors_are_counted_by_what_went_wrong() {
+        use std::io::{Error, ErrorKind};
+        let io = |kind| DaemonError::Io(Error::from(kind));
+        let cases = [
+            (
+                io(ErrorKind::ConnectionRefused),
+                DaemonErrorKind::Unreachable,
+            ),
+            (io(ErrorKind::ConnectionReset), DaemonErrorKind::Transport),
+            (io(ErrorKind::UnexpectedEof), DaemonErrorKind::Transport),
+            (io(ErrorKind::TimedOut), DaemonErrorKind::Timeout),
+            (
+                DaemonError::Io(Error::new(
+                    ErrorKind::InvalidData,
+                    rustls::Error::InvalidCertificate(rustls::CertificateError::Expired),
+                )),
+                DaemonErrorKind::Tls,
+            ),
+            (
+                DaemonError::WebSocket(tungstenite::Error::Io(Error::from(
+                    ErrorKind::ConnectionRefused,
+                ))),
+                DaemonErrorKind::Unreachable,
+            ),
+            (
+                DaemonError::WebSocket(tungstenite::Error::ConnectionClosed),
+                DaemonErrorKind::Transport,
+            ),
+            (
+                DaemonError::Timeout("opening the session"),
+                DaemonErrorKind::Timeout,
+            ),
+            (
+                DaemonError::Refused {
+                    operation: "join",
+                    status: 429,
+                    code: "BUSY".into(),
+                    message: String::new(),
+                },
+                DaemonErrorKind::Refused,
+            ),
+            (
+                DaemonError::Protocol("expected welcome".into()),
+                DaemonErrorKind::Protocol,
+            ),
+            (DaemonError::AlreadyRunning, DaemonErrorKind::Other),
+        ];
+        let mut counts = ErrorCounts::default();
+        for (error, kind) in cases {
+            assert_eq!(error.kind(), kind, "{error}");
+            counts.count(error.kind());
+        }
+        assert_eq!(
+            counts.to_string(),
+            "unreachable 2, transport 3, tls 1, timeout 2, refused 1, protocol 1, other 1"
+        );
+        let earlier = ErrorCounts {
+            transport: 1,
+            ..ErrorCounts::default()
+        };
+        assert_eq!(
+            counts.since(&earlier).to_string(),
+            "unreachable 2, transport 2, tls 1, timeout 2, refused 1, protocol 1, other 1"
+        );
+        assert_eq!(ErrorCounts::default().to_string(), "none");
     }
 }
