@@ -827,26 +827,33 @@ mod tests {
     use crate::service::store::Store;
     use sea_orm::QueryTrait;
 
-    /// The NodeSpec controller's query reads the partial index, not the table: a settled fleet
-    /// has no node at generation 0, and every Lifecycle pass asks.
-    #[tokio::test]
-    async fn nodes_awaiting_their_first_spec_are_found_through_their_index() {
+    /// A migrated SQLite database in a temporary directory (it lives as long as the
+    /// directory), and its URL. Each test opens a pool of its own on it after the migrations:
+    /// a connection that read the schema before the last migration plans an EXPLAIN with the
+    /// indexes it saw then (an EXPLAIN runs no transaction, so SQLite never notices the schema
+    /// changed; a real statement would be prepared again).
+    async fn migrated_sqlite() -> (tempfile::TempDir, String) {
         let dir = tempfile::tempdir().expect("temporary directory");
         let url = format!(
             "sqlite://{}?mode=rwc",
             dir.path().join("bc.sqlite").display()
         );
-        let migrated = Store::connect(&url, &DatabaseConfig::default())
+        let migrating = Store::connect(&url, &DatabaseConfig::default())
             .await
             .expect("open SQLite");
-        migrated.migrate().await.expect("migrate");
-        migrated.close().await;
-        // A fresh pool: a connection that read the schema before the last migration plans
-        // an EXPLAIN with the indexes it saw then (an EXPLAIN runs no transaction, so SQLite
-        // never notices the schema changed; a real statement would be prepared again).
+        migrating.migrate().await.expect("migrate");
+        migrating.close().await;
+        (dir, url)
+    }
+
+    /// The NodeSpec controller's query reads the partial index, not the table: a settled fleet
+    /// has no node at generation 0, and every Lifecycle pass asks.
+    #[tokio::test]
+    async fn nodes_awaiting_their_first_spec_are_found_through_their_index() {
+        let (_dir, url) = migrated_sqlite().await;
         let store = Store::connect(&url, &DatabaseConfig::default())
             .await
-            .expect("open SQLite again");
+            .expect("open SQLite");
         // Written out in the statement itself, not bound (see the query's comment).
         let postgres = awaiting_first_spec_query(&[ProvisionState::Adopted], 10)
             .build(DbBackend::Postgres)
@@ -886,15 +893,10 @@ mod tests {
         use bc_core::ids::SiteId;
         use std::sync::{Arc, Mutex};
 
-        let dir = tempfile::tempdir().expect("temporary directory");
-        let url = format!(
-            "sqlite://{}?mode=rwc",
-            dir.path().join("bc.sqlite").display()
-        );
+        let (_dir, url) = migrated_sqlite().await;
         let store = Store::connect(&url, &DatabaseConfig::default())
             .await
             .expect("open SQLite");
-        store.migrate().await.expect("migrate");
         // A handle of its own, to watch its statements.
         let mut db = store.db().clone();
         let ran = Arc::new(Mutex::new(Vec::<String>::new()));
