@@ -31,6 +31,7 @@ mod m20261203_000012_controller_leases;
 mod m20261203_000020_liveness_brakes;
 mod m20261205_000021_event_order_trigger;
 mod m20261205_000022_nodes_awaiting_first_spec;
+mod m20261206_000023_open_sessions_by_gateway;
 
 pub use m20261205_000021_event_order_trigger::{EVENT_ORDER_LOCK, NOTIFY_CHANNEL};
 
@@ -57,6 +58,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261203_000020_liveness_brakes::Migration),
             Box::new(m20261205_000021_event_order_trigger::Migration),
             Box::new(m20261205_000022_nodes_awaiting_first_spec::Migration),
+            Box::new(m20261206_000023_open_sessions_by_gateway::Migration),
         ]
     }
 }

@@ -426,7 +426,8 @@ pub struct GatewayConfig {
     pub hostnames: Vec<String>,
     /// Where the CA's certificate and key live. Unset: `data_dir/ca`. Replicas must share it.
     pub ca_dir: Option<PathBuf>,
-    /// This gateway's id in session rows. Unset: `gw-<random>` per process start.
+    /// This gateway's id in session rows. Unset: `gw-<random>` per process start. At most
+    /// [`MAX_GATEWAY_ID_BYTES`] of printable characters without spaces.
     pub gateway_id: Option<String>,
     /// Most connections open at once; one over it is closed at accept. Every daemon holds
     /// one, so this bounds the fleet one process serves. Unset: 90 % of the open files the
@@ -637,9 +638,21 @@ impl GatewayConfig {
             self.max_body_bytes > 0,
             "gateway.max_body_bytes must be at least 1"
         );
+        if let Some(id) = &self.gateway_id {
+            anyhow::ensure!(
+                (1..=MAX_GATEWAY_ID_BYTES).contains(&id.len())
+                    && !id.chars().any(|c| c.is_control() || c.is_whitespace()),
+                "gateway.gateway_id must be 1 to {MAX_GATEWAY_ID_BYTES} bytes of printable \
+                 characters without spaces, not {id:?}"
+            );
+        }
         Ok(())
     }
 }
+
+/// The longest `gateway.gateway_id`: operators filter nodes by it (`NodeFilterInput.gatewayId`),
+/// and the API refuses a longer one there.
+pub const MAX_GATEWAY_ID_BYTES: usize = 100;
 
 /// `[bare_metal]`: machines reached through their BMC (Redfish): where the key that seals
 /// their credentials lives, and how the Power controller polls them.
@@ -956,6 +969,24 @@ mod tests {
             gateway.validate(DEFAULT_HEARTBEAT_INTERVAL_SECS).is_err(),
             "an idle timeout healthy sessions would hit"
         );
+        for (id, valid) in [
+            ("gw-fra1-a", true),
+            (&"g".repeat(MAX_GATEWAY_ID_BYTES), true),
+            (&"g".repeat(MAX_GATEWAY_ID_BYTES + 1), false),
+            ("", false),
+            ("gw a", false),
+            ("gw\u{1b}", false),
+        ] {
+            let gateway = GatewayConfig {
+                gateway_id: Some(id.to_owned()),
+                ..GatewayConfig::default()
+            };
+            assert_eq!(
+                gateway.validate(DEFAULT_HEARTBEAT_INTERVAL_SECS).is_ok(),
+                valid,
+                "gateway_id {id:?}"
+            );
+        }
         let auth = AuthConfig {
             leeway_secs: MAX_AUTH_LEEWAY_SECS + 1,
             ..AuthConfig::default()

@@ -141,6 +141,8 @@ pub enum Text {
     Hostname,
     /// A substring of hostnames.
     HostnameFilter,
+    /// A gateway replica's id in a filter (`gateway.gateway_id`).
+    GatewayId,
     /// A label, taint or driver key (`[prefix/]name`).
     LabelKey,
     /// A label, taint or driver value.
@@ -184,6 +186,7 @@ impl Text {
             Text::Description => MAX_DESCRIPTION_BYTES,
             Text::Name => MAX_NAME_BYTES,
             Text::Hostname | Text::HostnameFilter => MAX_HOSTNAME_BYTES,
+            Text::GatewayId => crate::config::MAX_GATEWAY_ID_BYTES,
             Text::LabelKey | Text::LabelKeyFilter => MAX_LABEL_KEY_BYTES,
             Text::LabelValue | Text::LabelValueFilter => MAX_LABEL_VALUE_BYTES,
             Text::ReasonFilter => MAX_REASON_KEY_BYTES,

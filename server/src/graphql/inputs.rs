@@ -54,6 +54,10 @@ pub struct NodeFilterInput {
     pub schedulable: Option<bool>,
     /// Nodes whose hostname contains this text.
     pub hostname: Option<String>,
+    /// Nodes whose open session is held by any of these gateway replicas (`session.gatewayId`):
+    /// the sessions a replica would drop if it stopped. Queries only: a session moves to
+    /// another gateway without changing the node, so a subscription could not follow it.
+    pub gateway_id: Option<Vec<String>>,
 }
 
 /// What `cordonNode` needs: the node, the version read, and why.
@@ -528,6 +532,7 @@ impl Validate for NodeFilterInput {
             bucket,
             schedulable: _,
             hostname,
+            gateway_id,
         } = self;
         let max = MAX_FILTER_VALUES;
         at.at("provisionState")
@@ -547,7 +552,11 @@ impl Validate for NodeFilterInput {
             at.text(r, Text::ReasonFilter)
         })?;
         at.at("hostname")
-            .text_opt(hostname.as_deref(), Text::HostnameFilter)
+            .text_opt(hostname.as_deref(), Text::HostnameFilter)?;
+        at.at("gatewayId")
+            .list_opt(gateway_id.as_deref(), max, |at, g| {
+                at.text(g, Text::GatewayId)
+            })
     }
 }
 

@@ -555,6 +555,7 @@ pub(crate) fn node_filter(input: NodeFilterInput) -> Result<NodeFilter, ApiError
         buckets: all(input.bucket),
         schedulable: input.schedulable,
         hostname_contains: input.hostname.filter(|h| !h.is_empty()),
+        gateway_ids: input.gateway_id.unwrap_or_default(),
         owner: None,
         include_deleted: false,
     })

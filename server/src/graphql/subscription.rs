@@ -147,6 +147,14 @@ async fn node_change_stream(
     let principal = principal(ctx)?.clone();
     let feed = ctx.data::<Arc<Feed>>()?.clone();
     let mut filter: NodeFilter = node_filter(filter.unwrap_or_default())?;
+    if !filter.gateway_ids.is_empty() {
+        // The feed sees node changes, and a daemon reconnecting to another replica changes
+        // its session, not its node: the stream could not tell when a node left the filter.
+        return Err(Field::argument("filter")
+            .at("gatewayId")
+            .refuse("cannot be followed live (a session moves between gateways without a node change); query `nodes` with it instead")
+            .into());
+    }
     filter.owner = principal.tenant.clone();
     let cursor = start_cursor(after.as_ref())?;
     let expires_at = principal.expires_at;

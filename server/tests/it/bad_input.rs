@@ -316,6 +316,12 @@ async fn nul_bytes_in_every_kind_of_string_are_bad_user_input() {
                 "filter.reason[1]",
             ),
             refused(
+                "gateway filter",
+                NODES,
+                json!({ "filter": { "gatewayId": ["gw-a", nul] } }),
+                "filter.gatewayId[1]",
+            ),
+            refused(
                 "command filter",
                 SEND_COMMAND,
                 json!({ "input": { "filter": { "hostname": nul }, "kind": "LOGS_COLLECT" } }),
@@ -429,6 +435,12 @@ async fn strings_over_their_length_are_bad_user_input_and_write_nothing() {
                 NODES,
                 json!({ "filter": { "hostname": megabyte } }),
                 "filter.hostname",
+            ),
+            refused(
+                "1 MB gateway filter",
+                NODES,
+                json!({ "filter": { "gatewayId": [megabyte] } }),
+                "filter.gatewayId[0]",
             ),
             refused(
                 "1 MB label selector",

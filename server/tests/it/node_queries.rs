@@ -16,7 +16,9 @@ use bc_core::schedule::CapacityBucket;
 use bc_testing::{Backend, TestServer, each_backend};
 
 use crate::common::{node_record, site_and_pool};
+use bc_entity::node_session;
 use better_compute::auth::Role as ApiRole;
+use sea_orm::{ActiveValue::Set, EntityTrait};
 use serde_json::{Value, json};
 use strum::IntoEnumIterator;
 
@@ -255,7 +257,7 @@ impl Fleet {
             golf.clone(),
             lima,
             delta,
-            kilo,
+            kilo.clone(),
             hotel,
             india,
             juliet,
@@ -285,6 +287,26 @@ impl Fleet {
         .await;
         let taint = json!({ "key": "gpu-burn", "value": "running" });
         mutate(s, "taintNode", golf.id.as_str(), 1, taint).await;
+        // Sessions as gateways leave them: alpha's open on gw-a, bravo's closed there, golf's
+        // open on gw-b, and kilo's still open on gw-b, whose process died without closing it
+        // (Liveness has since found the node lost).
+        let session = |node: &NodeRecord, gateway: &str, open: bool| node_session::ActiveModel {
+            node_id: Set(node.id.to_string()),
+            epoch: Set(1),
+            gateway_id: Set(gateway.to_owned()),
+            connected_at: Set(now),
+            disconnected_at: Set((!open).then_some(now)),
+            last_seen: Set(now),
+        };
+        node_session::Entity::insert_many([
+            session(&alpha, "gw-a", true),
+            session(&bravo, "gw-a", false),
+            session(&golf, "gw-b", true),
+            session(&kilo, "gw-b", true),
+        ])
+        .exec_without_returning(&s.database().await)
+        .await
+        .expect("inserting sessions");
 
         use CapacityBucket as B;
         let (pa, pb, pc) = (Some(p1.clone()), Some(p2.clone()), Some(p3.clone()));
@@ -504,6 +526,20 @@ async fn every_node_filter_field_selects_exactly_the_right_nodes() {
             (json!({ "hostname": "_" }), names(&[])),
             (json!({ "hostname": "a_pha" }), names(&[])),
             (json!({ "hostname": "" }), all.clone()),
+            // gatewayId: open sessions only; a dead replica's sessions stay open until the
+            // daemon's next session replaces them, so its lost nodes still count there.
+            (json!({ "gatewayId": ["gw-a"] }), names(&["alpha"])),
+            (json!({ "gatewayId": ["gw-b"] }), names(&["golf", "kilo"])),
+            (
+                json!({ "gatewayId": ["gw-b"], "connectivity": ["CONNECTED"] }),
+                names(&["golf"]),
+            ),
+            (
+                json!({ "gatewayId": ["gw-a", "gw-b"] }),
+                names(&["alpha", "golf", "kilo"]),
+            ),
+            (json!({ "gatewayId": ["gw-c"] }), names(&[])),
+            (json!({ "gatewayId": [] }), all.clone()),
             // fields combine with "and"
             (
                 json!({ "poolId": [f.p1], "schedulable": false, "connectivity": ["CONNECTED"] }),

@@ -467,6 +467,7 @@ async fn replay_then_follow_has_no_gap_and_no_duplicate_under_concurrent_writes(
 /// the same cursor), then CHANGE items, each with the axis, from, to, actor, cause and
 /// version of the change. A filter (a pool, `cordoned: true`) applies to both: other
 /// nodes' changes are not sent (shown by the next item being the next matching change).
+/// A gateway filter, which the feed cannot follow, is refused.
 #[tokio::test]
 async fn node_changes_send_a_snapshot_then_the_changes_of_matching_nodes() {
     each_backend(async |s| {
@@ -581,6 +582,25 @@ async fn node_changes_send_a_snapshot_then_the_changes_of_matching_nodes() {
                 .expect("the last change");
             assert_change(&item, &a[0], Change::Label);
         }
+        // A gateway filter is refused: the feed sees node changes, and a session moves to
+        // another gateway without one.
+        client
+            .subscribe(
+                "gateway",
+                NODE_CHANGES,
+                json!({ "filter": { "gatewayId": ["gw-a"] } }),
+            )
+            .await
+            .expect("subscribing");
+        let refused = client.next("gateway", WAIT).await.expect("an answer");
+        assert_eq!(refused.error_code(), Some("BAD_USER_INPUT"), "{refused:?}");
+        assert_eq!(
+            refused
+                .first_error()
+                .and_then(|e| e.pointer("/extensions/field")),
+            Some(&json!("filter.gatewayId")),
+            "{refused:?}"
+        );
         client.close().await;
     })
     .await;

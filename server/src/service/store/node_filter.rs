@@ -4,7 +4,7 @@
 use bc_core::axes::{Connectivity, ProvisionState, Role, Trust};
 use bc_core::ids::{NodeId, PoolId, SiteId, TenantId};
 use bc_core::schedule::CapacityBucket;
-use bc_entity::{node, node_label, node_no_schedule_reason};
+use bc_entity::{node, node_label, node_no_schedule_reason, node_session};
 use sea_orm::sea_query::{Alias, Expr, ExprTrait, Query};
 use sea_orm::{ColumnTrait, Condition};
 
@@ -37,6 +37,10 @@ pub struct NodeFilter {
     pub buckets: Vec<CapacityBucket>,
     pub schedulable: Option<bool>,
     pub hostname_contains: Option<String>,
+    /// Nodes whose open session is held by any of these gateway replicas. The live feed
+    /// cannot follow it (a session moves to another gateway without a node change), so
+    /// subscriptions refuse it.
+    pub gateway_ids: Vec<String>,
     /// Visibility: a tenant principal sees only its own nodes.
     pub owner: Option<TenantId>,
     pub include_deleted: bool,
@@ -111,6 +115,24 @@ impl NodeFilter {
                     Expr::col((alias, node_no_schedule_reason::Column::Reason))
                         .is_in(self.reasons.clone()),
                 )
+                .to_owned();
+            cond = cond.add(Expr::exists(sub));
+        }
+        if !self.gateway_ids.is_empty() {
+            // Answered by `ix_node_sessions_open_by_gateway`, which holds open sessions only.
+            let alias = Alias::new("held_session");
+            let sub = Query::select()
+                .expr(Expr::val(1))
+                .from_as(node_session::Entity, alias.clone())
+                .and_where(
+                    Expr::col((alias.clone(), node_session::Column::NodeId))
+                        .equals((node::Entity, node::Column::Id)),
+                )
+                .and_where(
+                    Expr::col((alias.clone(), node_session::Column::GatewayId))
+                        .is_in(self.gateway_ids.clone()),
+                )
+                .and_where(Expr::col((alias, node_session::Column::DisconnectedAt)).is_null())
                 .to_owned();
             cond = cond.add(Expr::exists(sub));
         }
@@ -194,5 +216,10 @@ impl NodeFilter {
                     .to_ascii_lowercase()
                     .contains(&h.to_ascii_lowercase())
             })
+            && (self.gateway_ids.is_empty()
+                || detail.session.as_ref().is_some_and(|session| {
+                    session.disconnected_at.is_none()
+                        && self.gateway_ids.contains(&session.gateway_id)
+                }))
     }
 }
