@@ -8,8 +8,8 @@
 //! nodes by its key (3,315 sessions of 27,000 in 95 ms on a 100,000-node database mid
 //! bring-up, the machine busy). The index is partial, holding open sessions only. Heartbeats
 //! write only `last_seen`, which no index holds, so they stay heap-only updates on
-//! PostgreSQL. SQLite (one process, no replicas) walks the nodes and finds each session by
-//! its key, as before. The predicate's text is the same on both backends.
+//! PostgreSQL. SQLite (one process, no replicas) walks the nodes instead and finds each one's
+//! session by its key. The predicate's text is the same on both backends.
 
 use sea_orm_migration::prelude::*;
 

@@ -427,7 +427,8 @@ pub struct GatewayConfig {
     /// Where the CA's certificate and key live. Unset: `data_dir/ca`. Replicas must share it.
     pub ca_dir: Option<PathBuf>,
     /// This gateway's id in session rows. Unset: `gw-<random>` per process start. At most
-    /// [`MAX_GATEWAY_ID_BYTES`] of printable characters without spaces.
+    /// [`MAX_GATEWAY_ID_BYTES`] bytes of printable characters without spaces, so that it reads
+    /// as one word in logs and is typed into a filter as it is.
     pub gateway_id: Option<String>,
     /// Most connections open at once; one over it is closed at accept. Every daemon holds
     /// one, so this bounds the fleet one process serves. Unset: 90 % of the open files the
@@ -610,8 +611,9 @@ impl GatewayConfig {
         std::time::Duration::from_secs(self.idle_timeout_secs)
     }
 
-    /// Refuses a zero timeout or size, and an idle timeout that healthy sessions would hit
-    /// between two heartbeats.
+    /// Refuses a zero timeout or size, an idle timeout that healthy sessions would hit
+    /// between two heartbeats, and a gateway id that is empty, too long or holds spaces or
+    /// control characters.
     pub fn validate(&self, heartbeat_interval_secs: u64) -> anyhow::Result<()> {
         for (key, value) in [
             (

@@ -53,6 +53,11 @@ pub enum ApiError {
         message: String,
         version: i64,
     },
+    /// The database gave no connection within `[database] acquire_timeout_secs`: the server
+    /// or the database is overloaded, or the database is down (`UNAVAILABLE`). The caller may
+    /// retry; a mutation retried with the version it read answers `CONFLICT` if the first try
+    /// was applied after all.
+    Unavailable(String),
     /// Never shown to the caller: the source is logged and the message is generic.
     Internal(anyhow::Error),
 }
@@ -63,6 +68,13 @@ impl ApiError {
         ApiError::ResumeRequired {
             cursor: bc_core::ids::EventId(seq).to_string(),
         }
+    }
+
+    /// Whether the fault is ours (a bug, or a database too busy or down), not the caller's:
+    /// a daemon's session that meets one ends as an error it may reconnect from, never as a
+    /// protocol violation.
+    pub fn is_server_fault(&self) -> bool {
+        matches!(self, ApiError::Internal(_) | ApiError::Unavailable(_))
     }
 
     /// The stable `extensions.code`.
@@ -78,6 +90,7 @@ impl ApiError {
             ApiError::HistoryNotRecorded { .. } => "HISTORY_NOT_RECORDED",
             ApiError::Bmc { .. } => "BMC_ERROR",
             ApiError::ReservedLabel { .. } => "RESERVED_LABEL",
+            ApiError::Unavailable(_) => "UNAVAILABLE",
             ApiError::Internal(_) => "INTERNAL",
         }
     }
@@ -96,7 +109,8 @@ impl ApiError {
             | ApiError::Forbidden(m)
             | ApiError::BadUserInput(m)
             | ApiError::InvalidField { message: m, .. }
-            | ApiError::HistoryNotRecorded { message: m, .. } => m.clone(),
+            | ApiError::HistoryNotRecorded { message: m, .. }
+            | ApiError::Unavailable(m) => m.clone(),
             ApiError::Bmc { message: m, .. } | ApiError::ReservedLabel { message: m, .. } => {
                 m.clone()
             }
@@ -111,9 +125,18 @@ impl ApiError {
 
     /// An internal error, counted for `/metrics` as `bc_internal_errors_total`, whose `cause`
     /// is `deadlock` for a PostgreSQL deadlock (SQLSTATE `40P01`: a lock-order bug, see
-    /// ARCHITECTURE.md's Invariants) and `other` for anything else.
+    /// ARCHITECTURE.md's Invariants) and `other` for anything else. A pool that gave no
+    /// connection in time is no bug but a load the caller can wait out: that is
+    /// [`ApiError::Unavailable`], counted as `bc_unavailable_errors_total`.
     pub fn internal(err: impl Into<anyhow::Error>) -> Self {
         let err = err.into();
+        if err.chain().any(is_pool_timeout) {
+            metrics::counter!("bc_unavailable_errors_total").increment(1);
+            tracing::warn!(error = %format!("{err:#}"), "no database connection in time");
+            return ApiError::Unavailable(
+                "the database is busy: no connection was free in time; try again shortly".into(),
+            );
+        }
         let cause = if is_deadlock(&err) {
             "deadlock"
         } else {
@@ -121,6 +144,20 @@ impl ApiError {
         };
         metrics::counter!("bc_internal_errors_total", "cause" => cause).increment(1);
         ApiError::Internal(err)
+    }
+}
+
+/// Whether `cause` is the pool giving up on a connection (`[database] acquire_timeout_secs`),
+/// as sea-orm wraps it or as sqlx reports it.
+pub(crate) fn is_pool_timeout(cause: &(dyn std::error::Error + 'static)) -> bool {
+    use sea_orm::{ConnAcquireErr, DbErr, RuntimeErr, sqlx};
+    match cause.downcast_ref::<DbErr>() {
+        Some(DbErr::ConnectionAcquire(ConnAcquireErr::Timeout)) => true,
+        Some(DbErr::Conn(RuntimeErr::SqlxError(e))) => matches!(**e, sqlx::Error::PoolTimedOut),
+        _ => matches!(
+            cause.downcast_ref::<sqlx::Error>(),
+            Some(sqlx::Error::PoolTimedOut)
+        ),
     }
 }
 
@@ -414,6 +451,7 @@ mod tests {
                 ApiError::internal(anyhow::anyhow!("secret detail")),
                 "INTERNAL",
             ),
+            (ApiError::Unavailable(String::new()), "UNAVAILABLE"),
         ];
         for (err, code) in cases {
             assert_eq!(err.code(), code);
@@ -422,6 +460,35 @@ mod tests {
             let ext = serde_json::to_value(&gql.extensions).expect("serialises");
             assert_eq!(ext["code"], code);
             assert!(!gql.message.contains("secret detail"));
+        }
+    }
+
+    /// A pool that gave no connection in time is `UNAVAILABLE` however it arrives (from
+    /// sea-orm, from sqlx, under a context); a database's own error stays `INTERNAL`.
+    #[test]
+    fn a_pool_timeout_is_unavailable_and_other_database_errors_are_internal() {
+        use sea_orm::{ConnAcquireErr, DbErr, RuntimeErr, sqlx};
+        let timeouts = [
+            anyhow::Error::new(DbErr::ConnectionAcquire(ConnAcquireErr::Timeout)),
+            anyhow::Error::new(DbErr::Conn(RuntimeErr::SqlxError(
+                sqlx::Error::PoolTimedOut.into(),
+            ))),
+            anyhow::Error::new(sqlx::Error::PoolTimedOut),
+            anyhow::Error::new(DbErr::ConnectionAcquire(ConnAcquireErr::Timeout))
+                .context("opening a session"),
+        ];
+        for err in timeouts {
+            let shown = format!("{err:#}");
+            let api = ApiError::internal(err);
+            assert_eq!(api.code(), "UNAVAILABLE", "{shown}");
+            assert!(api.message().contains("try again"), "{}", api.message());
+        }
+        for err in [
+            anyhow::Error::new(DbErr::ConnectionAcquire(ConnAcquireErr::ConnectionClosed)),
+            anyhow::Error::new(DbErr::Custom("constraint".into())),
+            anyhow::anyhow!("anything else"),
+        ] {
+            assert_eq!(ApiError::internal(err).code(), "INTERNAL");
         }
     }
 

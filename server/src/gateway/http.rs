@@ -71,6 +71,8 @@ fn error(err: ApiError) -> Response {
         | ApiError::InvalidState { .. }
         | ApiError::ResumeRequired { .. } => StatusCode::CONFLICT,
         ApiError::Bmc { .. } => StatusCode::BAD_GATEWAY,
+        // Retried by the daemon like any 5xx, with its backoff.
+        ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         ApiError::Internal(source) => {
             tracing::error!(error = ?source, "internal error in the gateway");
             StatusCode::INTERNAL_SERVER_ERROR

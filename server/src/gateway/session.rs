@@ -129,9 +129,10 @@ pub(super) async fn run(state: GatewayState, identity: NodeIdentity, socket: Web
         Some(Ok(opened)) => opened,
         Some(Err(err)) => {
             tracing::info!(%node_id, code = err.code(), reason = %err.message(), "session refused");
-            let ending = match err {
-                ApiError::Internal(_) => Ending::internal(),
-                refused => Ending::violation(refused.message()),
+            let ending = if err.is_server_fault() {
+                Ending::internal()
+            } else {
+                Ending::violation(err.message())
             };
             close(&mut sink, ending).await;
             return;
@@ -485,7 +486,7 @@ impl Live<'_> {
         match self.state.command_reports.submit(report).await {
             None => Next::Close(Ending::shutdown()),
             Some(Ok(_)) => Next::Continue,
-            Some(Err(err @ ApiError::Internal(_))) => {
+            Some(Err(err)) if err.is_server_fault() => {
                 tracing::warn!(node_id = %self.node_id, %id, code = err.code(), reason = %err.message(), "recording a command report failed");
                 Next::Continue
             }
@@ -500,7 +501,7 @@ impl Live<'_> {
         let report = (self.node_id.clone(), generation);
         match self.state.convergences.submit(report).await {
             Some(Ok(())) => Next::Continue,
-            Some(Err(ApiError::Internal(_))) => Next::Close(Ending::internal()),
+            Some(Err(err)) if err.is_server_fault() => Next::Close(Ending::internal()),
             Some(Err(err)) => Next::violation(format!("converged: {}", err.message())),
             None => Next::Close(Ending::shutdown()),
         }

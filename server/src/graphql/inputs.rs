@@ -55,8 +55,8 @@ pub struct NodeFilterInput {
     /// Nodes whose hostname contains this text.
     pub hostname: Option<String>,
     /// Nodes whose open session is held by any of these gateway replicas (`session.gatewayId`):
-    /// the sessions a replica would drop if it stopped. Queries only: a session moves to
-    /// another gateway without changing the node, so a subscription could not follow it.
+    /// the sessions a replica would drop if it stopped. Not in subscriptions: a session moves
+    /// to another gateway without changing the node, so a subscription could not follow it.
     pub gateway_id: Option<Vec<String>>,
 }
 

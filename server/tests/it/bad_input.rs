@@ -328,6 +328,12 @@ async fn nul_bytes_in_every_kind_of_string_are_bad_user_input() {
                 "input.filter.hostname",
             ),
             refused(
+                "command filter by gateway",
+                SEND_COMMAND,
+                json!({ "input": { "filter": { "gatewayId": [nul] }, "kind": "LOGS_COLLECT" } }),
+                "input.filter.gatewayId[0]",
+            ),
+            refused(
                 "command params, nested",
                 SEND_COMMAND,
                 json!({ "input": { "nodeIds": [p.node], "kind": "LOGS_COLLECT", "params": { "sources": ["kern", nul] } } }),

@@ -258,10 +258,10 @@ impl Fleet {
             lima,
             delta,
             kilo.clone(),
-            hotel,
+            hotel.clone(),
             india,
             juliet,
-            mike,
+            mike.clone(),
         ])
         .await;
         // Some state through the API, as an operator makes it.
@@ -287,9 +287,9 @@ impl Fleet {
         .await;
         let taint = json!({ "key": "gpu-burn", "value": "running" });
         mutate(s, "taintNode", golf.id.as_str(), 1, taint).await;
-        // Sessions as gateways leave them: alpha's open on gw-a, bravo's closed there, golf's
-        // open on gw-b, and kilo's still open on gw-b, whose process died without closing it
-        // (Liveness has since found the node lost).
+        // Sessions as gateways leave them: alpha's open on gw-a, bravo's closed there, and the
+        // deleted mike's left open there. gw-b died without closing its sessions: Liveness has
+        // found kilo lost since, not yet golf or the tenant's hotel.
         let session = |node: &NodeRecord, gateway: &str, open: bool| node_session::ActiveModel {
             node_id: Set(node.id.to_string()),
             epoch: Set(1),
@@ -301,8 +301,10 @@ impl Fleet {
         node_session::Entity::insert_many([
             session(&alpha, "gw-a", true),
             session(&bravo, "gw-a", false),
+            session(&mike, "gw-a", true),
             session(&golf, "gw-b", true),
             session(&kilo, "gw-b", true),
+            session(&hotel, "gw-b", true),
         ])
         .exec_without_returning(&s.database().await)
         .await
@@ -529,16 +531,20 @@ async fn every_node_filter_field_selects_exactly_the_right_nodes() {
             // gatewayId: open sessions only; a dead replica's sessions stay open until the
             // daemon's next session replaces them, so its lost nodes still count there.
             (json!({ "gatewayId": ["gw-a"] }), names(&["alpha"])),
-            (json!({ "gatewayId": ["gw-b"] }), names(&["golf", "kilo"])),
+            (
+                json!({ "gatewayId": ["gw-b"] }),
+                names(&["golf", "kilo", "hotel"]),
+            ),
             (
                 json!({ "gatewayId": ["gw-b"], "connectivity": ["CONNECTED"] }),
-                names(&["golf"]),
+                names(&["golf", "hotel"]),
             ),
             (
                 json!({ "gatewayId": ["gw-a", "gw-b"] }),
-                names(&["alpha", "golf", "kilo"]),
+                names(&["alpha", "golf", "kilo", "hotel"]),
             ),
             (json!({ "gatewayId": ["gw-c"] }), names(&[])),
+            (json!({ "gatewayId": ["g".repeat(100)] }), names(&[])),
             (json!({ "gatewayId": [] }), all.clone()),
             // fields combine with "and"
             (
@@ -623,11 +629,17 @@ async fn every_node_filter_field_selects_exactly_the_right_nodes() {
             matching(s, &token, &json!({ "poolId": [f.p1] })).await,
             names(&[])
         );
+        assert_eq!(
+            matching(s, &token, &json!({ "gatewayId": ["gw-b"] })).await,
+            names(&["hotel"])
+        );
 
-        // Malformed ids in a filter are refused, not silently matched against nothing.
+        // Malformed ids in a filter are refused, not silently matched against nothing (a
+        // gateway id longer than `gateway.gateway_id` may be is one).
         for filter in [
             json!({ "siteId": ["pool_x"] }),
             json!({ "poolId": ["site_x"] }),
+            json!({ "gatewayId": ["g".repeat(101)] }),
         ] {
             let response = s
                 .gql(

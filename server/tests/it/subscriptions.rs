@@ -5,13 +5,16 @@
 //!
 //! Every wait is for a message, bounded by [`WAIT`]; nothing sleeps and nothing is timed.
 
+use bc_core::clock::Clock;
 use bc_core::event::{EventType, RecordedEvent};
 use bc_core::ids::{EventId, TenantId};
+use bc_entity::node_session;
 use bc_testing::subscription::{ConnectError, ConnectOptions, SubMessage, SubscriptionClient};
 use bc_testing::{Backend, TestServer, each_backend, each_backend_with};
 use better_compute::auth::{Role, TokenKeys};
 use better_compute::feed::FEED_BUFFER;
 use chrono::{Duration as ChronoDuration, Utc};
+use sea_orm::{ActiveValue::Set, EntityTrait};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -583,7 +586,20 @@ async fn node_changes_send_a_snapshot_then_the_changes_of_matching_nodes() {
             assert_change(&item, &a[0], Change::Label);
         }
         // A gateway filter is refused: the feed sees node changes, and a session moves to
-        // another gateway without one.
+        // another gateway without one. A node has a session there, so a refusal that came
+        // after the snapshot would send that node first.
+        let now = s.clock.now();
+        node_session::Entity::insert(node_session::ActiveModel {
+            node_id: Set(a[0].id.clone()),
+            epoch: Set(1),
+            gateway_id: Set("gw-a".to_owned()),
+            connected_at: Set(now),
+            disconnected_at: Set(None),
+            last_seen: Set(now),
+        })
+        .exec_without_returning(&s.database().await)
+        .await
+        .expect("a session on gw-a");
         client
             .subscribe(
                 "gateway",

@@ -643,8 +643,8 @@ async fn kill_one_replica(
             ) {
                 break Err(err);
             }
-            // A pass of this loop may take a while under load (a cordon, the counts), so the
-            // next point is due an interval after this one, not on a fixed grid.
+            // A pass of this loop may take a while under load (the survivors' metrics, the
+            // counts), so the next point is due an interval after this one, not on a fixed grid.
             next_point = Instant::now() + FAILOVER_TRACE_EVERY;
         }
         if reconnected.is_none()
@@ -671,7 +671,9 @@ async fn kill_one_replica(
             match all_served_by_others(api, victim.gateway_id(), nodes).await {
                 Ok(true) => served = Some(killed.elapsed()),
                 Ok(false) => {}
-                Err(err) => failures.push(format!("counting sessions: {err:#}")),
+                Err(err) => {
+                    failures.push(format!("counting the nodes the survivors serve: {err:#}"))
+                }
             }
         }
         if served.is_some() && reconnected.is_some() && (leader.is_none() || new_leader.is_some()) {
@@ -712,11 +714,11 @@ async fn kill_one_replica(
 }
 
 /// Whether the API shows all `nodes` connected, none with an open session on `dead_gateway`:
-/// two counts in one request, which the filters answer in SQL.
+/// two counts in one request (no page of nodes: `first: 0`), which the filters answer in SQL.
 async fn all_served_by_others(api: &Api, dead_gateway: &str, nodes: u64) -> anyhow::Result<bool> {
     let counts = api
         .data(
-            "query($dead: [String!]) { connected: nodes(filter: { connectivity: [CONNECTED] }) { totalCount } onDead: nodes(filter: { gatewayId: $dead }) { totalCount } }",
+            "query($dead: [String!]) { connected: nodes(first: 0, filter: { connectivity: [CONNECTED] }) { totalCount } onDead: nodes(first: 0, filter: { gatewayId: $dead }) { totalCount } }",
             json!({ "dead": [dead_gateway] }),
         )
         .await?;

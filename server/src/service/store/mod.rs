@@ -32,9 +32,8 @@ pub mod workflows;
 use bc_migration::{Migrator, MigratorTrait};
 use sea_orm::sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 use sea_orm::{
-    ConnAcquireErr, ConnectOptions, ConnectionTrait, Database, DatabaseConnection,
-    DatabaseTransaction, DbBackend, DbErr, RuntimeErr, SqliteTransactionMode, TransactionOptions,
-    TransactionTrait,
+    ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DatabaseTransaction, DbBackend,
+    DbErr, SqliteTransactionMode, TransactionOptions, TransactionTrait,
 };
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -274,9 +273,7 @@ impl Store {
 /// timed out while waiting for an open connection") name neither. PostgreSQL refuses past
 /// its `max_connections`, which every replica's pool counts against.
 fn explain_pool_timeout(err: DbErr, config: &DatabaseConfig) -> anyhow::Error {
-    let timed_out = matches!(err, DbErr::ConnectionAcquire(ConnAcquireErr::Timeout))
-        || matches!(&err, DbErr::Conn(RuntimeErr::SqlxError(e)) if matches!(**e, sea_orm::sqlx::Error::PoolTimedOut));
-    if !timed_out {
+    if !crate::error::is_pool_timeout(&err) {
         return err.into();
     }
     anyhow::Error::new(err).context(format!(

@@ -119,7 +119,8 @@ impl NodeFilter {
             cond = cond.add(Expr::exists(sub));
         }
         if !self.gateway_ids.is_empty() {
-            // Answered by `ix_node_sessions_open_by_gateway`, which holds open sessions only.
+            // On PostgreSQL, answered from `ix_node_sessions_open_by_gateway` (open sessions
+            // by gateway); the literal `IS NULL` is the index's predicate.
             let alias = Alias::new("held_session");
             let sub = Query::select()
                 .expr(Expr::val(1))
@@ -173,7 +174,8 @@ impl NodeFilter {
 
 impl NodeFilter {
     /// The same filter in Rust, for the live feed (which must not query the database per
-    /// event per subscriber). `server/tests/node_queries.rs` checks it agrees with the SQL.
+    /// event per subscriber). `server/tests/it/schedulable_sql.rs` checks the schedulability
+    /// checks agree with the SQL; the unit tests below check the session's gateway.
     pub fn matches(&self, detail: &bc_core::view::NodeDetail) -> bool {
         fn any<T: PartialEq>(wanted: &[T], value: &T) -> bool {
             wanted.is_empty() || wanted.contains(value)
@@ -221,5 +223,70 @@ impl NodeFilter {
                     session.disconnected_at.is_none()
                         && self.gateway_ids.contains(&session.gateway_id)
                 }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bc_core::axes::Adapter;
+    use bc_core::node::{NewNode, NodeRecord, Session};
+    use bc_core::view::NodeDetail;
+    use chrono::{TimeZone, Utc};
+    use std::collections::BTreeMap;
+
+    /// A node whose session, if any, is held by `gateway` and open or closed.
+    fn node_with_session(session: Option<(&str, bool)>) -> NodeDetail {
+        let at = Utc.with_ymd_and_hms(2026, 12, 6, 3, 0, 0).unwrap();
+        let record = NodeRecord::new(
+            NewNode {
+                hostname: "gpu-1.example.com".into(),
+                site_id: SiteId::generate(),
+                pool_id: None,
+                owner_tenant_id: None,
+                role: Role::Host,
+                trust: Trust::Platform,
+                adapter: Adapter::BcdV1,
+                drivers: BTreeMap::new(),
+                provision_state: ProvisionState::Adopted,
+            },
+            at,
+        )
+        .expect("a valid node");
+        let session = session.map(|(gateway, open)| Session {
+            epoch: 1,
+            gateway_id: gateway.to_owned(),
+            connected_at: at,
+            disconnected_at: (!open).then_some(at),
+            last_seen: at,
+        });
+        NodeDetail::new(record, session, None)
+    }
+
+    /// The feed's predicate agrees with the SQL's (`server/tests/it/node_queries.rs`): only an
+    /// open session on a listed gateway matches, and an empty list matches every node.
+    #[test]
+    fn a_gateway_filter_matches_open_sessions_on_the_listed_gateways() {
+        let filter = |gateways: &[&str]| NodeFilter {
+            gateway_ids: gateways.iter().map(|g| (*g).to_owned()).collect(),
+            ..NodeFilter::default()
+        };
+        let cases = [
+            (Some(("gw-a", true)), &["gw-a"][..], true),
+            (Some(("gw-a", true)), &["gw-b", "gw-a"][..], true),
+            (Some(("gw-a", false)), &["gw-a"][..], false),
+            (Some(("gw-b", true)), &["gw-a"][..], false),
+            (Some(("GW-A", true)), &["gw-a"][..], false),
+            (None, &["gw-a"][..], false),
+            (None, &[][..], true),
+            (Some(("gw-a", false)), &[][..], true),
+        ];
+        for (session, gateways, want) in cases {
+            assert_eq!(
+                filter(gateways).matches(&node_with_session(session)),
+                want,
+                "session {session:?}, filter {gateways:?}"
+            );
+        }
     }
 }
