@@ -93,16 +93,23 @@ fn require_identity(peer: &PeerIdentity) -> Result<&NodeIdentity, ApiError> {
         .ok_or_else(|| ApiError::Unauthenticated("this needs a node client certificate".into()))
 }
 
+/// A join, written with the others that arrive meanwhile ([`crate::service::Services::join_many`]).
 async fn join(State(state): State<GatewayState>, request: axum::extract::Request) -> Response {
     let request: JoinRequest = match json_body(request, &state, "join").await {
         Ok(request) => request,
         Err(response) => return response,
     };
-    match attributed("gateway.join", state.services.join(&request)).await {
+    let hostname = request.hostname.clone();
+    let answer = state.joins.submit(request).await.unwrap_or_else(|| {
+        Err(ApiError::Unavailable(
+            "the gateway is stopping or could not write the join; try again".into(),
+        ))
+    });
+    match answer {
         Ok(identity) => Json(identity).into_response(),
         Err(err) => {
             metrics::counter!("bc_joins_refused_total", "code" => err.code()).increment(1);
-            tracing::info!(code = err.code(), reason = %err.message(), hostname = %request.hostname, "join refused");
+            tracing::info!(code = err.code(), reason = %err.message(), %hostname, "join refused");
             error(err)
         }
     }

@@ -30,6 +30,7 @@ use crate::service::inventory::ReportedSection;
 use crate::service::sessions::{Hello, OpenedSession};
 use bc_core::command::Command;
 use bc_core::ids::NodeId;
+use bc_core::protocol::{IssuedIdentity, JoinRequest};
 pub use heartbeats::HeartbeatWriter;
 pub use write_batches::WriteBatches;
 
@@ -44,6 +45,8 @@ pub(crate) struct GatewayState {
     pub gateway_id: Arc<str>,
     pub heartbeat_interval: Duration,
     pub heartbeats: HeartbeatWriter,
+    /// Joins, written in batches.
+    pub joins: WriteBatches<JoinRequest, ApiResult<IssuedIdentity>>,
     /// Hellos, opened in batches.
     pub hellos: WriteBatches<Hello, ApiResult<OpenedSession>>,
     /// `converged` reports, written in batches.
@@ -119,11 +122,23 @@ impl Gateway {
         let (heartbeats, heartbeat_writer) =
             HeartbeatWriter::start(services.clone(), shutdown_rx.clone());
         let gateway_id: Arc<str> = gateway_id.into();
+        let (joins, joins_task) = {
+            let services = services.clone();
+            WriteBatches::start(
+                "gateway.join",
+                |_: &JoinRequest| None,
+                move |batch: Vec<JoinRequest>| {
+                    let services = services.clone();
+                    async move { services.join_many(&batch).await }
+                },
+                shutdown_rx.clone(),
+            )
+        };
         let (hellos, hellos_task) = {
             let (services, gateway_id) = (services.clone(), gateway_id.clone());
             WriteBatches::start(
                 "gateway.hello",
-                |hello: &Hello| &hello.identity.node_id,
+                |hello: &Hello| Some(&hello.identity.node_id),
                 move |batch| open_sessions(services.clone(), gateway_id.clone(), batch),
                 shutdown_rx.clone(),
             )
@@ -132,7 +147,7 @@ impl Gateway {
             let services = services.clone();
             WriteBatches::start(
                 "gateway.converged",
-                |(node, _): &(NodeId, i64)| node,
+                |(node, _): &(NodeId, i64)| Some(node),
                 move |batch| report_converged(services.clone(), batch),
                 shutdown_rx.clone(),
             )
@@ -141,7 +156,7 @@ impl Gateway {
             let services = services.clone();
             WriteBatches::start(
                 "gateway.inventory",
-                |(node, _): &(NodeId, Vec<ReportedSection>)| node,
+                |(node, _): &(NodeId, Vec<ReportedSection>)| Some(node),
                 move |batch| store_inventory(services.clone(), batch),
                 shutdown_rx.clone(),
             )
@@ -150,7 +165,7 @@ impl Gateway {
             let services = services.clone();
             WriteBatches::start(
                 "gateway.dispatch",
-                |look: &DispatchLook| &look.node_id,
+                |look: &DispatchLook| Some(&look.node_id),
                 move |batch| dispatch(services.clone(), batch),
                 shutdown_rx.clone(),
             )
@@ -159,7 +174,7 @@ impl Gateway {
             let services = services.clone();
             WriteBatches::start(
                 "gateway.command_report",
-                |report: &CommandReport| &report.node_id,
+                |report: &CommandReport| Some(&report.node_id),
                 move |batch| report_commands(services.clone(), batch),
                 shutdown_rx.clone(),
             )
@@ -167,6 +182,7 @@ impl Gateway {
         let session_tasks = SessionTasks::default();
         let state = GatewayState {
             heartbeats,
+            joins,
             hellos,
             convergences,
             inventories,
@@ -209,6 +225,7 @@ impl Gateway {
             task,
             background: vec![
                 heartbeat_writer,
+                joins_task,
                 hellos_task,
                 convergences_task,
                 inventories_task,

@@ -1,10 +1,11 @@
 //! The gateway's per-node writes that a fleet coming up sends by the hundred a second (every
-//! daemon's `hello`, `converged`, inventory report, command start and result, and every
+//! daemon's join, `hello`, `converged`, inventory report, command start and result, and every
 //! session's look at its commands) are written in batches: whatever arrived while the last
 //! batch was being written goes into the next, in one transaction whose statements do not
-//! grow with it (`Services::open_sessions`, `Services::report_converged_many`,
-//! `Services::store_inventory_reports`, `Services::report_commands`,
-//! `Services::dispatch_many`). On
+//! grow with it (`Services::join_many`, `Services::open_sessions`,
+//! `Services::report_converged_many`, `Services::store_inventory_reports`,
+//! `Services::report_commands`, `Services::dispatch_many`), or whose contended locks (a join
+//! token's row, the event order) are taken once for the batch. On
 //! SQLite every statement is a round trip to the one writer that everything else waits on.
 //! A request that finds the writer idle is written at once, alone, so batching adds no wait
 //! of its own.
@@ -41,12 +42,13 @@ impl<T, R> Clone for WriteBatches<T, R> {
 impl<T: Send + 'static, R: Send + 'static> WriteBatches<T, R> {
     /// Starts the task. `write` writes one batch and answers every request of it, in the
     /// order given; a batch holds each node (`node_of`) once, so a node's second request
-    /// waits for the next batch and is written after its first. Statements are counted under
+    /// waits for the next batch and is written after its first (a request that names no node
+    /// yet, a join, is never held back). Statements are counted under
     /// `caller` (README: "Profiling"). After `shutdown` the task writes what is already
     /// queued, then ends.
     pub fn start<W, Fut>(
         caller: &'static str,
-        node_of: fn(&T) -> &NodeId,
+        node_of: fn(&T) -> Option<&NodeId>,
         write: W,
         shutdown: watch::Receiver<bool>,
     ) -> (WriteBatches<T, R>, tokio::task::JoinHandle<()>)
@@ -74,7 +76,7 @@ impl<T: Send + 'static, R: Send + 'static> WriteBatches<T, R> {
 
 async fn run<T, R, W, Fut>(
     caller: &'static str,
-    node_of: fn(&T) -> &NodeId,
+    node_of: fn(&T) -> Option<&NodeId>,
     mut write: W,
     mut rx: mpsc::Receiver<Pending<T, R>>,
     mut shutdown: watch::Receiver<bool>,
@@ -104,11 +106,13 @@ async fn run<T, R, W, Fut>(
                 }
             },
         };
-        let mut nodes = HashSet::from([node_of(&first.0).clone()]);
+        let mut nodes: HashSet<NodeId> = node_of(&first.0).into_iter().cloned().collect();
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
             let Ok(pending) = rx.try_recv() else { break };
-            if !nodes.insert(node_of(&pending.0).clone()) {
+            if let Some(node) = node_of(&pending.0)
+                && !nodes.insert(node.clone())
+            {
                 held_over = Some(pending);
                 break;
             }

@@ -4,14 +4,17 @@
 
 use bc_core::Actor;
 use bc_core::catalog::Placement;
+use bc_core::catalog::{Pool, Site};
 use bc_core::event::{Axis, Change, EventType};
-use bc_core::hardware::{hardware_key, same_machine};
+use bc_core::hardware::{HardwareKey, hardware_key, same_machine};
 use bc_core::ids::{JoinTokenId, NodeId, PoolId, SiteId};
 use bc_core::join::{JoinToken, secret_hash};
 use bc_core::node::NodeRecord;
 use bc_core::protocol::{CERTIFICATE_LIFETIME_HOURS, IssuedIdentity, JoinRequest, RenewRequest};
 use bc_core::provision::JOIN_STATE;
 use chrono::{DateTime, Duration, Utc};
+use sea_orm::ConnectionTrait;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::Services;
 use super::catalog::Page;
@@ -46,18 +49,97 @@ fn parse_csr(pem: &str) -> ApiResult<NodeCsr> {
 
 /// The token `id` if it admits one more join by someone presenting `secret` at `now`.
 async fn admitting_token(
-    txn: &WriteTxn,
+    conn: &impl ConnectionTrait,
     id: &JoinTokenId,
     secret: &str,
     now: DateTime<Utc>,
 ) -> ApiResult<JoinToken> {
-    let token = join_tokens::get(&**txn, id, false)
+    let token = join_tokens::get(conn, id, false)
         .await?
         .ok_or_else(|| refused("unknown token"))?;
     token
         .admit(secret, now)
         .map_err(|refusal| refused(&refusal.to_string()))?;
     Ok(token)
+}
+
+/// A join request that is well-formed and whose token admits it, as read before the join's
+/// transaction: what the transaction needs of it.
+struct AdmittedJoin<'r> {
+    request: &'r JoinRequest,
+    /// The secret half of the request's token.
+    secret: &'r str,
+    token: JoinToken,
+    csr: NodeCsr,
+    hardware: HardwareKey,
+}
+
+/// What one join of a transaction wrote, to answer it once the transaction commits.
+struct PlacedJoin {
+    node_id: NodeId,
+    /// It took back the machine's existing node, whose old certificate's session must end.
+    reclaimed: bool,
+    identity: IssuedIdentity,
+}
+
+/// Checks a join request before its transaction: its token (read once per batch into
+/// `tokens`, unlocked, since its use is decided when it is counted, locked, at the end of the
+/// transaction), its hostname, and only then, so that nobody without a token makes the server
+/// verify signatures, its CSR. A refused request is refused here, having written nothing.
+async fn admit_join<'r>(
+    services: &Services,
+    request: &'r JoinRequest,
+    tokens: &mut HashMap<JoinTokenId, Option<JoinToken>>,
+    now: DateTime<Utc>,
+) -> ApiResult<AdmittedJoin<'r>> {
+    let (id, secret) = request.token.split_once('.').ok_or_else(|| {
+        ApiError::BadUserInput("the join token is malformed: expected `<jt_…>.<secret>`".into())
+    })?;
+    let token_id = JoinTokenId::parse(id)
+        .map_err(|_| ApiError::BadUserInput("the join token is malformed".into()))?;
+    bc_core::node::validate_hostname(&request.hostname)?;
+    let token = match tokens.get(&token_id) {
+        Some(token) => token.clone(),
+        None => {
+            let token = join_tokens::get(services.store.db(), &token_id, false).await?;
+            tokens.insert(token_id, token.clone());
+            token
+        }
+    }
+    .ok_or_else(|| refused("unknown token"))?;
+    token
+        .admit(secret, now)
+        .map_err(|refusal| refused(&refusal.to_string()))?;
+    let csr = parse_csr(&request.csr_pem)?;
+    Ok(AdmittedJoin {
+        request,
+        secret,
+        token,
+        csr,
+        hardware: hardware_key(&request.identifiers),
+    })
+}
+
+/// The site and pool a token's nodes join.
+async fn token_placement(txn: &WriteTxn, token: &JoinToken) -> ApiResult<(Site, Option<Pool>)> {
+    let site = catalog::site(&**txn, &token.site_id)
+        .await?
+        .ok_or_else(|| {
+            ApiError::internal(anyhow::anyhow!(
+                "join token {} names a missing site",
+                token.id
+            ))
+        })?;
+    let pool = match &token.pool_id {
+        Some(pool_id) => Some(catalog::pool(&**txn, pool_id).await?.ok_or_else(|| {
+            ApiError::internal(anyhow::anyhow!(
+                "join token {} names a missing pool",
+                token.id
+            ))
+        })?),
+        None => None,
+    };
+    Ok((site, pool))
 }
 
 fn refused(why: &str) -> ApiError {
@@ -180,62 +262,185 @@ impl Services {
     }
 
     /// JoinService: admits a daemon in one transaction (token use, node row, certificate,
-    /// event), or refuses it and creates nothing.
+    /// event), or refuses it and creates nothing. One join is a batch of one
+    /// ([`Services::join_many`]).
     pub async fn join(&self, request: &JoinRequest) -> ApiResult<IssuedIdentity> {
-        let (id, secret) = request.token.split_once('.').ok_or_else(|| {
-            ApiError::BadUserInput("the join token is malformed: expected `<jt_…>.<secret>`".into())
-        })?;
-        let token_id = JoinTokenId::parse(id)
-            .map_err(|_| ApiError::BadUserInput("the join token is malformed".into()))?;
-        bc_core::node::validate_hostname(&request.hostname)?;
-        let now = self.clock.now();
-        let hw = hardware_key(&request.identifiers);
+        self.join_many(std::slice::from_ref(request))
+            .await
+            .pop()
+            .unwrap_or_else(|| {
+                Err(ApiError::internal(anyhow::anyhow!(
+                    "a join went unanswered"
+                )))
+            })
+    }
 
-        let txn = self.store.write().await?;
-        // The token admits the join twice: here, unlocked, so that a refused join writes
-        // nothing; and at the end, where its use is counted on its row, which stays locked
-        // for the rest of the transaction and decides (see `spend_use` below).
-        let token = admitting_token(&txn, &token_id, secret, now).await?;
-        // The CSR is checked once the token admits the join, so that nobody without a token
-        // makes the server verify signatures, and before anything is written. It is signed
-        // at the end, with the node's final identity.
-        let csr = parse_csr(&request.csr_pem)?;
-        let site = catalog::site(&*txn, &token.site_id).await?.ok_or_else(|| {
-            ApiError::internal(anyhow::anyhow!(
-                "join token {} names a missing site",
-                token.id
-            ))
-        })?;
-        let pool = match &token.pool_id {
-            Some(pool_id) => Some(catalog::pool(&*txn, pool_id).await?.ok_or_else(|| {
-                ApiError::internal(anyhow::anyhow!(
-                    "join token {} names a missing pool",
-                    token.id
-                ))
-            })?),
-            None => None,
+    /// JoinService for the joins the gateway collected while its last batch was written:
+    /// each is answered, in the order given, as if it had been a transaction of its own, and
+    /// a refused one creates nothing.
+    ///
+    /// A fleet coming up joins by the thousand through one token, and every join counts its
+    /// use on that token's row and writes its event under the event-order lock: one join per
+    /// transaction made every join of every replica wait for those two locks in turn (at
+    /// 100,000 nodes, four in five of the statements slower than 100 ms were the token's
+    /// update: BENCHMARKS.md). So the admitted joins are written in one transaction, which
+    /// counts each token's uses once and inserts the events once. Should that fail as a
+    /// whole (the token has fewer uses left than the batch needs, or the database refused
+    /// one join's rows), the joins are written again one at a time, each deciding alone.
+    pub async fn join_many(&self, requests: &[JoinRequest]) -> Vec<ApiResult<IssuedIdentity>> {
+        let now = self.clock.now();
+        let mut answers: Vec<Option<ApiResult<IssuedIdentity>>> =
+            requests.iter().map(|_| None).collect();
+        let mut tokens = HashMap::new();
+        let mut admitted = Vec::with_capacity(requests.len());
+        for (index, request) in requests.iter().enumerate() {
+            match admit_join(self, request, &mut tokens, now).await {
+                Ok(join) => admitted.push((index, join)),
+                Err(err) => answers[index] = Some(Err(err)),
+            }
+        }
+        let joins: Vec<&AdmittedJoin> = admitted.iter().map(|(_, join)| join).collect();
+        let written = match self.write_joins(&joins, now).await {
+            Ok(written) => written,
+            Err(err) if joins.len() == 1 => vec![Err(err)],
+            Err(err) => {
+                if err.is_server_fault() {
+                    tracing::warn!(joins = joins.len(), error = ?err, "a batch of joins failed as a whole; writing them one at a time");
+                } else {
+                    tracing::debug!(joins = joins.len(), reason = %err.message(), "a batch of joins cannot be written together; writing them one at a time");
+                }
+                let mut written = Vec::with_capacity(joins.len());
+                for join in &joins {
+                    written.push(match self.write_joins(&[*join], now).await {
+                        Ok(mut one) => one.pop().unwrap_or_else(|| {
+                            Err(ApiError::internal(anyhow::anyhow!(
+                                "a join went unanswered"
+                            )))
+                        }),
+                        Err(err) => Err(err),
+                    });
+                }
+                written
+            }
         };
-        let actor = Actor::System;
-        // One join of this machine at a time, from its lookup to its commit (lock order,
-        // step 1).
-        if let (Some(key), true) = (&hw.key, hw.trusted) {
+        for ((index, _), answer) in admitted.iter().zip(written) {
+            answers[*index] = Some(answer);
+        }
+        answers
+            .into_iter()
+            .map(|answer| {
+                answer.unwrap_or_else(|| {
+                    Err(ApiError::internal(anyhow::anyhow!(
+                        "a join went unanswered"
+                    )))
+                })
+            })
+            .collect()
+    }
+
+    /// Writes admitted joins in one transaction and answers each. A join refused on what the
+    /// transaction finds (its machine's node is in another site, its identifiers match two
+    /// enrolled nodes) is answered with its error and writes nothing; anything else that
+    /// fails, fails the whole transaction, which writes nothing.
+    async fn write_joins(
+        &self,
+        joins: &[&AdmittedJoin<'_>],
+        now: DateTime<Utc>,
+    ) -> ApiResult<Vec<ApiResult<IssuedIdentity>>> {
+        let txn = self.store.write().await?;
+        // One join of a machine at a time, from its lookup to its commit (lock order, step
+        // 1), the batch's machines in key order so that two batches never wait on each
+        // other in a cycle. Two joins of one machine in one batch are written in turn: the
+        // second takes back the node the first created, as it would have one after the other.
+        let keys: BTreeSet<&str> = joins
+            .iter()
+            .filter(|join| join.hardware.trusted)
+            .filter_map(|join| join.hardware.key.as_deref())
+            .collect();
+        for key in keys {
             nodes::lock_hardware_key(&*txn, key).await?;
         }
+        let mut placements: HashMap<&JoinTokenId, (Site, Option<Pool>)> = HashMap::new();
+        let mut outcomes = Vec::with_capacity(joins.len());
+        for join in joins {
+            let token = &join.token;
+            if !placements.contains_key(&token.id) {
+                placements.insert(&token.id, token_placement(&txn, token).await?);
+            }
+            let (site, pool) = &placements[&token.id];
+            match self.place_join(&txn, join, site, pool.as_ref(), now).await {
+                Ok(placed) => outcomes.push(Ok(placed)),
+                Err(err) if err.is_server_fault() => return Err(err),
+                Err(err) => outcomes.push(Err(err)),
+            }
+        }
+        // Each token's uses are counted on its row, locked from here to the commit (lock
+        // order, step 7), tokens in id order.
+        let mut spent: BTreeMap<&JoinTokenId, (i64, &str)> = BTreeMap::new();
+        for (join, outcome) in joins.iter().zip(&outcomes) {
+            if outcome.is_ok() {
+                spent.entry(&join.token.id).or_insert((0, join.secret)).0 += 1;
+            }
+        }
+        for (token_id, (uses, secret)) in spent {
+            if !join_tokens::spend_uses(&*txn, token_id, uses, now).await? {
+                // Joins that committed meanwhile used it up, or it was revoked or expired:
+                // the token says which. One that still admits a join has fewer uses left than
+                // this batch needs, and its joins must decide one at a time; for a single join
+                // it would mean the statement's condition and `JoinToken::admit` disagree.
+                admitting_token(&*txn, token_id, secret, now).await?;
+                return Err(if uses > 1 {
+                    refused("the token has fewer uses left than the joins waiting on it")
+                } else {
+                    ApiError::internal(anyhow::anyhow!(
+                        "join token {token_id} admits the join, but counting its use found it did not"
+                    ))
+                });
+            }
+        }
+        txn.commit().await?;
+        Ok(outcomes
+            .into_iter()
+            .map(|outcome| {
+                let placed = outcome?;
+                if placed.reclaimed {
+                    self.sessions
+                        .kick(&placed.node_id, bc_core::protocol::close::IDENTITY_REVOKED);
+                }
+                metrics::counter!("bc_joins_total", "outcome" => if placed.reclaimed { "reclaimed" } else { "joined" }).increment(1);
+                Ok(placed.identity)
+            })
+            .collect())
+    }
+
+    /// One join's writes in a join transaction: the machine's node (taken back if it joined
+    /// before or was enrolled through its BMC, else created), its event and its certificate.
+    /// Its token's use is counted by the caller.
+    async fn place_join(
+        &self,
+        txn: &WriteTxn,
+        join: &AdmittedJoin<'_>,
+        site: &Site,
+        pool: Option<&Pool>,
+        now: DateTime<Utc>,
+    ) -> ApiResult<PlacedJoin> {
+        let (request, hw, token) = (join.request, &join.hardware, &join.token);
+        let actor = Actor::System;
         // The machine's node, if it has one: the live node holding its trusted hardware key
         // (it joined before), else the one it was enrolled as through its BMC.
         let reclaimed = match (&hw.key, hw.trusted) {
-            (Some(key), true) => match nodes::by_trusted_hardware_key(&*txn, key).await? {
+            (Some(key), true) => match nodes::by_trusted_hardware_key(&**txn, key).await? {
                 Some(id) => Some((id, "its hardware key")),
                 None => self
-                    .enrolled_as(&txn, &hw.identifiers)
+                    .enrolled_as(txn, &hw.identifiers)
                     .await?
                     .map(|id| (id, "the identifiers it was enrolled with")),
             },
             _ => None,
         };
-        let node = match reclaimed.clone() {
+        let node = match &reclaimed {
             Some((existing_id, matched_by)) => {
-                let existing = nodes::load(&*txn, &existing_id, true)
+                let existing = nodes::load(&**txn, existing_id, true)
                     .await?
                     .ok_or_else(|| {
                         ApiError::internal(anyhow::anyhow!("node {existing_id} vanished"))
@@ -248,9 +453,9 @@ impl Services {
                 }
                 let (node, _) = self
                     .change_node_in(
-                        &txn,
+                        txn,
                         &actor,
-                        &existing_id,
+                        existing_id,
                         None,
                         &|_| true,
                         "join:reclaim",
@@ -279,12 +484,12 @@ impl Services {
             }
             None => {
                 let mut node = NodeRecord::new(
-                    Placement::new_node(&request.hostname, &site, pool.as_ref(), JOIN_STATE),
+                    Placement::new_node(&request.hostname, site, pool, JOIN_STATE),
                     now,
                 )?;
                 node.hardware_key = hw.key.clone();
                 node.hardware_key_trusted = hw.trusted;
-                nodes::insert(&*txn, &node).await?;
+                nodes::insert(&**txn, &node).await?;
                 let change = Change::new(
                     EventType::NodeJoined,
                     Axis::Lifecycle,
@@ -293,7 +498,7 @@ impl Services {
                 )
                 .with_detail(format!("join token {}", token.id));
                 events::append_node_changes(
-                    &txn,
+                    txn,
                     None,
                     &node,
                     &[change],
@@ -304,29 +509,12 @@ impl Services {
                 node
             }
         };
-        let identity = self.issue(&csr, &node.id, node.identity_generation, now)?;
-        // Every join through one token counts its use on the token's row, so joins wait on
-        // each other for that row's lock: taken last, it is held for this statement, the
-        // events' insert and the commit only, not for the whole join (on PostgreSQL at
-        // 10,000 joins, holding it from the start made 7,883 of them wait more than 25 ms,
-        // and joins ran one at a time; at 100,000 nodes on seven replicas, most of their
-        // connections waited here: BENCHMARKS.md).
-        if !join_tokens::spend_use(&*txn, &token_id, now).await? {
-            // Joins that committed meanwhile used it up, or it was revoked or expired: the
-            // token says which. One that still admits the join would mean the statement's
-            // condition and `JoinToken::admit` disagree.
-            admitting_token(&txn, &token_id, secret, now).await?;
-            return Err(ApiError::internal(anyhow::anyhow!(
-                "join token {token_id} admits the join, but counting its use found it did not"
-            )));
-        }
-        txn.commit().await?;
-        if reclaimed.is_some() {
-            self.sessions
-                .kick(&node.id, bc_core::protocol::close::IDENTITY_REVOKED);
-        }
-        metrics::counter!("bc_joins_total", "outcome" => if reclaimed.is_some() { "reclaimed" } else { "joined" }).increment(1);
-        Ok(identity)
+        let identity = self.issue(&join.csr, &node.id, node.identity_generation, now)?;
+        Ok(PlacedJoin {
+            node_id: node.id,
+            reclaimed: reclaimed.is_some(),
+            identity,
+        })
     }
 
     /// The live node a machine with these identifiers was enrolled as

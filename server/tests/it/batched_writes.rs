@@ -3,7 +3,8 @@
 //! one (`Services::open_sessions`), and daemons' `converged` reports written together
 //! (`Services::report_converged_many`), and inventory reports stored together
 //! (`Services::store_inventory_reports`), and daemons' command reports and sessions' looks at
-//! their commands (`Services::report_commands`, `Services::dispatch_many`). Each request of a batch is answered as if it had been a
+//! their commands (`Services::report_commands`, `Services::dispatch_many`), and joins
+//! (`Services::join_many`). Each request of a batch is answered as if it had been a
 //! transaction of its own, and what a refused request asked for is not written.
 
 use bc_core::Actor;
@@ -11,6 +12,7 @@ use bc_core::axes::{Connectivity, ProvisionState};
 use bc_core::command::{Command, CommandKind, CommandStatus, NewCommand, Outcome};
 use bc_core::ids::{CommandId, NodeId};
 use bc_core::node::NodeRecord;
+use bc_core::protocol::{IssuedIdentity, JoinRequest};
 use bc_core::provision::ProvisionMove;
 use bc_entity::{node_device, node_inventory_section, node_session};
 use bc_testing::inventory::Machine;
@@ -28,6 +30,7 @@ use serde_json::json;
 use std::collections::BTreeMap;
 
 use crate::common::{event_summary, node, node_record, now, site_and_pool};
+use crate::raw_daemon;
 
 /// A request's answer: the node's version and how many changes, or the error's code.
 type Answer = (NodeId, Result<(i64, usize), &'static str>);
@@ -717,4 +720,130 @@ fn statuses_or_codes(
         .iter()
         .map(|answer| answer.as_ref().map(|c| c.status).map_err(|err| err.code()))
         .collect()
+}
+
+/// A join of the batch tests: `machine` joining through `token` as `hostname`.
+fn join_request(machine: &raw_daemon::Machine, token: &str, hostname: &str) -> JoinRequest {
+    JoinRequest {
+        token: token.to_owned(),
+        csr_pem: machine.csr(),
+        hostname: hostname.to_owned(),
+        identifiers: machine.identifiers.clone(),
+    }
+}
+
+/// Each answer of a batch of joins: the node id and identity generation, or the error's code.
+fn joined_or_codes(
+    answers: &[Result<IssuedIdentity, better_compute::error::ApiError>],
+) -> Vec<Result<(String, i64), &'static str>> {
+    answers
+        .iter()
+        .map(|answer| {
+            answer
+                .as_ref()
+                .map(|issued| (issued.node_id.clone(), issued.identity_generation))
+                .map_err(|err| err.code())
+        })
+        .collect()
+}
+
+/// How many joins the token `secret` has counted.
+async fn token_uses(s: &TestServer, secret: &str) -> i64 {
+    let (token_id, _) = secret.split_once('.').expect("a token is `<id>.<secret>`");
+    let tokens = s
+        .admin("{ joinTokens { nodes { id uses } } }", json!({}))
+        .await;
+    tokens["joinTokens"]["nodes"]
+        .as_array()
+        .expect("a list of tokens")
+        .iter()
+        .find(|token| token["id"] == token_id)
+        .and_then(|token| token["uses"].as_i64())
+        .unwrap_or_else(|| panic!("token {token_id} is listed: {tokens:#}"))
+}
+
+/// Joins written together (`Services::join_many`): each is answered as if it had been alone,
+/// a refused one (before its transaction or inside it) writes nothing and spends nothing, a
+/// machine joining twice in one batch is one node, and the token counts the admitted joins.
+/// A batch needing more uses than its token has left is decided a join at a time.
+#[tokio::test]
+async fn a_batch_of_joins_answers_each_join_and_counts_the_token_once() {
+    each_backend(async |s| {
+        let (site, pool) = s.site_and_pool(8).await;
+        let (other_site, other_pool) = s.site_and_pool(8).await;
+        let token = s.join_token(&site, Some(&pool), 10).await;
+        let (token_id, _) = token.split_once('.').expect("a token is `<id>.<secret>`");
+        let wrong_secret = format!("{token_id}.{}", "0".repeat(64));
+        // A machine that joined another site before: a token of this site cannot take it.
+        let elsewhere = raw_daemon::Machine::new();
+        let elsewhere_token = s.join_token(&other_site, Some(&other_pool), 1).await;
+        s.server
+            .services
+            .join(&join_request(&elsewhere, &elsewhere_token, "gpu-elsewhere"))
+            .await
+            .unwrap_or_else(|err| panic!("joining the other site: {}", err.message()));
+        let nodes_before = raw_daemon::node_count(s).await;
+
+        let (a, b) = (raw_daemon::Machine::new(), raw_daemon::Machine::new());
+        let batch = [
+            join_request(&a, &token, "gpu-a"),
+            join_request(&b, &token, "-bad host-"),
+            join_request(&b, &wrong_secret, "gpu-b"),
+            join_request(&elsewhere, &token, "gpu-elsewhere"),
+            join_request(&b, &token, "gpu-b"),
+            // `a` again, as a daemon retrying a slow join: it takes back the node the first
+            // join of the batch created, with the next identity generation.
+            join_request(&a, &token, "gpu-a"),
+        ];
+        let answers = joined_or_codes(&s.server.services.join_many(&batch).await);
+        let Ok((a_node, a_generation)) = answers[0].clone() else {
+            panic!("a joined: {answers:?}")
+        };
+        let Ok((b_node, _)) = answers[4].clone() else {
+            panic!("b joined: {answers:?}")
+        };
+        assert_eq!(
+            answers,
+            vec![
+                Ok((a_node.clone(), a_generation)),
+                Err("BAD_USER_INPUT"),
+                Err("UNAUTHENTICATED"),
+                Err("BAD_USER_INPUT"),
+                Ok((b_node.clone(), 1)),
+                Ok((a_node.clone(), a_generation + 1)),
+            ],
+            "each join answered in the order given"
+        );
+        assert_ne!(a_node, b_node);
+        assert_eq!(raw_daemon::node_count(s).await, nodes_before + 2);
+        assert_eq!(token_uses(s, &token).await, 3, "a, b and a's second join");
+
+        // Two uses left for three new machines: the batch cannot take them all, so they
+        // decide one at a time, in order, and the last is refused as used up.
+        let scarce = s.join_token(&site, Some(&pool), 2).await;
+        let machines = [
+            raw_daemon::Machine::new(),
+            raw_daemon::Machine::new(),
+            raw_daemon::Machine::new(),
+        ];
+        let batch: Vec<JoinRequest> = machines
+            .iter()
+            .enumerate()
+            .map(|(i, machine)| join_request(machine, &scarce, &format!("gpu-scarce-{i}")))
+            .collect();
+        let answers = s.server.services.join_many(&batch).await;
+        let codes: Vec<Result<(), &str>> = answers
+            .iter()
+            .map(|answer| answer.as_ref().map(|_| ()).map_err(|err| err.code()))
+            .collect();
+        assert_eq!(codes, vec![Ok(()), Ok(()), Err("UNAUTHENTICATED")]);
+        let refusal = answers[2].as_ref().err().map(|err| err.message());
+        assert!(
+            refusal.as_deref().is_some_and(|m| m.contains("used up")),
+            "{refusal:?}"
+        );
+        assert_eq!(raw_daemon::node_count(s).await, nodes_before + 4);
+        assert_eq!(token_uses(s, &scarce).await, 2);
+    })
+    .await;
 }

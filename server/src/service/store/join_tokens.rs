@@ -89,27 +89,32 @@ pub async fn count(conn: &impl ConnectionTrait) -> anyhow::Result<u64> {
     Ok(join_token::Entity::find().count(conn).await?)
 }
 
-/// Counts one more use of the token if it still admits one at `now`, and says whether it
-/// did. The condition is [`JoinToken::admit`]'s but the secret (which the caller checked on
-/// the row it read before): not revoked, not expired, a use left. One statement, which locks
-/// the row for the rest of the transaction: joins through one token queue on that row from
-/// here to their commit, so the check and the count are one round trip, not a locked read
-/// and a write.
-pub async fn spend_use(
+/// Counts `uses` more uses of the token if it still admits that many at `now`, and says
+/// whether it did. The condition is [`JoinToken::admit`]'s but the secret (which the caller
+/// checked on the row it read before): not revoked, not expired, `uses` left. One statement,
+/// which locks the row for the rest of the transaction: joins through one token queue on that
+/// row from here to their commit, so the check and the count are one round trip, not a locked
+/// read and a write.
+pub async fn spend_uses(
     conn: &impl ConnectionTrait,
     id: &JoinTokenId,
+    uses: i64,
     now: DateTime<Utc>,
 ) -> anyhow::Result<bool> {
     use sea_orm::sea_query::{Expr, ExprTrait};
     let spent = join_token::Entity::update_many()
         .col_expr(
             join_token::Column::Uses,
-            Expr::col(join_token::Column::Uses).add(1),
+            Expr::col(join_token::Column::Uses).add(uses),
         )
         .filter(join_token::Column::Id.eq(id.to_string()))
         .filter(join_token::Column::RevokedAt.is_null())
         .filter(join_token::Column::ExpiresAt.gt(now))
-        .filter(Expr::col(join_token::Column::Uses).lt(Expr::col(join_token::Column::MaxUses)))
+        .filter(
+            Expr::col(join_token::Column::Uses)
+                .add(uses)
+                .lte(Expr::col(join_token::Column::MaxUses)),
+        )
         .exec(conn)
         .await?;
     Ok(spent.rows_affected == 1)
