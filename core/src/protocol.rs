@@ -282,6 +282,10 @@ pub mod close {
     pub const IDENTITY_REVOKED: &str = "identity revoked";
     /// The server is shutting down; reconnect elsewhere or later.
     pub const SHUTDOWN: &str = "gateway shutting down";
+    /// The database gave the gateway no connection in time (`UNAVAILABLE`); reconnect.
+    pub const DATABASE_BUSY: &str = "database busy";
+    /// Something failed on the server's side (`INTERNAL`); reconnect.
+    pub const INTERNAL_ERROR: &str = "internal error";
 }
 
 #[cfg(test)]

@@ -132,7 +132,7 @@ impl ApiError {
         let err = err.into();
         if err.chain().any(is_pool_timeout) {
             metrics::counter!("bc_unavailable_errors_total").increment(1);
-            tracing::warn!(error = %format!("{err:#}"), "no database connection in time");
+            warn_pool_timeout(&err);
             return ApiError::Unavailable(
                 "the database is busy: no connection was free in time; try again shortly".into(),
             );
@@ -144,6 +144,38 @@ impl ApiError {
         };
         metrics::counter!("bc_internal_errors_total", "cause" => cause).increment(1);
         ApiError::Internal(err)
+    }
+}
+
+/// The fewest seconds between two warnings that the pool gave no connection in time: an
+/// overload can refuse thousands of requests a second, and a line for each would bury the
+/// log (and cost the CPU the overload lacks); `bc_unavailable_errors_total` counts them all.
+const POOL_TIMEOUT_WARNING_EVERY_SECS: u64 = 10;
+
+/// Logs a pool timeout, at most once every [`POOL_TIMEOUT_WARNING_EVERY_SECS`], saying how
+/// many went unlogged since the last warning.
+fn warn_pool_timeout(err: &anyhow::Error) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    // Seconds since START, plus one, of the last warning; 0 before the first.
+    static LAST_WARNED: AtomicU64 = AtomicU64::new(0);
+    static UNLOGGED: AtomicU64 = AtomicU64::new(0);
+    let now = START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_secs()
+        + 1;
+    let last = LAST_WARNED.load(Ordering::Relaxed);
+    let due = last == 0 || now.saturating_sub(last) >= POOL_TIMEOUT_WARNING_EVERY_SECS;
+    if due
+        && LAST_WARNED
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    {
+        let unlogged = UNLOGGED.swap(0, Ordering::Relaxed);
+        tracing::warn!(error = %format!("{err:#}"), unlogged, "no database connection in time (unlogged: how many more since the last such warning)");
+    } else {
+        UNLOGGED.fetch_add(1, Ordering::Relaxed);
     }
 }
 

@@ -106,13 +106,44 @@ pub struct ServerArgs {
     pub keep: bool,
 }
 
-/// A benchmark's exit: success, or its error logged (with its causes) and failure.
-pub fn exit_code(benchmark: &str, outcome: anyhow::Result<()>) -> std::process::ExitCode {
+/// Runs a benchmark to its end, or until it is stopped by Ctrl-C or `SIGTERM`, and gives
+/// its exit: success, or its error logged (with its causes) and failure. A stopped
+/// benchmark's future is dropped, and with it the servers and simulator processes it started
+/// (each killed on drop) and its temporary directory, so stopping one by signal leaves
+/// nothing running; without this, a signal ended the benchmark alone and its servers and
+/// simulators went on loading the machine as orphans.
+pub async fn run_to_exit(
+    benchmark: &str,
+    run: impl std::future::Future<Output = anyhow::Result<()>>,
+) -> std::process::ExitCode {
+    let outcome = tokio::select! {
+        outcome = run => outcome,
+        signal = stop_signal() => Err(anyhow::anyhow!("stopped by {signal}")),
+    };
     match outcome {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
             tracing::error!("{benchmark} failed: {err:#}");
             std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// The first of `SIGINT` and `SIGTERM` to arrive, by name. Should the handlers fail to
+/// install, it never arrives (and the benchmark runs as it did before there were any).
+async fn stop_signal() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) {
+        (Ok(mut interrupt), Ok(mut terminate)) => tokio::select! {
+            _ = interrupt.recv() => "SIGINT",
+            _ = terminate.recv() => "SIGTERM",
+        },
+        (Err(err), _) | (_, Err(err)) => {
+            tracing::warn!(error = %err, "cannot watch for SIGINT and SIGTERM: stopping the benchmark by signal may leave its servers running");
+            std::future::pending().await
         }
     }
 }

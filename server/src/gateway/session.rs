@@ -67,11 +67,16 @@ impl Ending {
         }
     }
 
-    /// Something failed on our side; the daemon did nothing wrong and may reconnect.
-    fn internal() -> Ending {
+    /// Something failed on our side (`err`, a server fault); the daemon did nothing wrong and
+    /// may reconnect. The reason says whether the database was busy or something broke.
+    fn server_fault(err: &ApiError) -> Ending {
+        let reason = match err {
+            ApiError::Unavailable(_) => bc_core::protocol::close::DATABASE_BUSY,
+            _ => bc_core::protocol::close::INTERNAL_ERROR,
+        };
         Ending {
             code: close_code::ERROR,
-            reason: "internal error".into(),
+            reason: reason.to_owned(),
             goodbye: true,
         }
     }
@@ -130,7 +135,7 @@ pub(super) async fn run(state: GatewayState, identity: NodeIdentity, socket: Web
         Some(Err(err)) => {
             tracing::info!(%node_id, code = err.code(), reason = %err.message(), "session refused");
             let ending = if err.is_server_fault() {
-                Ending::internal()
+                Ending::server_fault(&err)
             } else {
                 Ending::violation(err.message())
             };
@@ -501,7 +506,7 @@ impl Live<'_> {
         let report = (self.node_id.clone(), generation);
         match self.state.convergences.submit(report).await {
             Some(Ok(())) => Next::Continue,
-            Some(Err(err)) if err.is_server_fault() => Next::Close(Ending::internal()),
+            Some(Err(err)) if err.is_server_fault() => Next::Close(Ending::server_fault(&err)),
             Some(Err(err)) => Next::violation(format!("converged: {}", err.message())),
             None => Next::Close(Ending::shutdown()),
         }
@@ -582,7 +587,7 @@ impl Live<'_> {
                     other => other.message(),
                 };
                 tracing::warn!(node_id = %self.node_id, code = err.code(), error = %source, "storing inventory failed");
-                Next::Close(Ending::internal())
+                Next::Close(Ending::server_fault(&err))
             }
         }
     }
@@ -643,7 +648,7 @@ impl Live<'_> {
     /// A failed command dispatch, logged; the session ends with an internal error.
     fn internal(&self, err: ApiError) -> Ending {
         tracing::warn!(node_id = %self.node_id, code = err.code(), reason = %err.message(), "command dispatch failed");
-        Ending::internal()
+        Ending::server_fault(&err)
     }
 }
 

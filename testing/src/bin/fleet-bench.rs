@@ -109,7 +109,7 @@ struct Args {
 async fn main() -> ExitCode {
     bench::init(module_path!());
     let args = Args::parse();
-    bench::exit_code("fleet-bench", run(args).await)
+    bench::run_to_exit("fleet-bench", run(args)).await
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {

@@ -95,16 +95,24 @@ impl DaemonError {
             DaemonError::Refused { status, .. } => {
                 (400..500).contains(status) && *status != 408 && *status != 429
             }
-            DaemonError::BadGatewayUrl { .. }
-            | DaemonError::Ca(_)
-            | DaemonError::CaFingerprintMismatch { .. }
-            | DaemonError::Pem(_)
-            | DaemonError::Key(_)
-            | DaemonError::Verifier(_)
-            | DaemonError::IdentityRevoked(_)
-            | DaemonError::AlreadyRunning => true,
-            _ => false,
+            _ => self.is_configuration_or_identity(),
         }
+    }
+
+    /// A failure of the daemon's own configuration or identity (its gateway URL, CA, keys,
+    /// a revoked identity, a second daemon on one state directory): no retry mends it.
+    fn is_configuration_or_identity(&self) -> bool {
+        matches!(
+            self,
+            DaemonError::BadGatewayUrl { .. }
+                | DaemonError::Ca(_)
+                | DaemonError::CaFingerprintMismatch { .. }
+                | DaemonError::Pem(_)
+                | DaemonError::Key(_)
+                | DaemonError::Verifier(_)
+                | DaemonError::IdentityRevoked(_)
+                | DaemonError::AlreadyRunning
+        )
     }
 
     /// What kind of failure this is, for a fleet's count of errors by kind.
@@ -124,14 +132,10 @@ impl DaemonError {
             ) => DaemonErrorKind::Transport,
             DaemonError::WebSocket(_) => DaemonErrorKind::Protocol,
             DaemonError::Http(err) => kind_of_http(err),
-            DaemonError::BadGatewayUrl { .. }
-            | DaemonError::Ca(_)
-            | DaemonError::CaFingerprintMismatch { .. }
-            | DaemonError::Verifier(_)
-            | DaemonError::Pem(_)
-            | DaemonError::Key(_)
-            | DaemonError::IdentityRevoked(_)
-            | DaemonError::AlreadyRunning => DaemonErrorKind::Other,
+            other => {
+                debug_assert!(other.is_configuration_or_identity());
+                DaemonErrorKind::Other
+            }
         }
     }
 }
