@@ -142,6 +142,100 @@ async fn token_placement(txn: &WriteTxn, token: &JoinToken) -> ApiResult<(Site, 
     Ok((site, pool))
 }
 
+impl AdmittedJoin<'_> {
+    /// The machine's hardware key, if it is trusted: the key its node is found by.
+    fn trusted_key(&self) -> Option<&str> {
+        self.hardware
+            .key
+            .as_deref()
+            .filter(|_| self.hardware.trusted)
+    }
+}
+
+/// Joins of one round, each with its index among the transaction's joins.
+type Round<'j, 'r> = Vec<(usize, &'j AdmittedJoin<'r>)>;
+
+/// The joins of a transaction in rounds, each holding a machine (a trusted hardware key) once,
+/// every join with its index among `joins`: a machine's second join is in the round after its
+/// first.
+fn rounds<'j, 'r>(joins: &[&'j AdmittedJoin<'r>]) -> Vec<Round<'j, 'r>> {
+    let mut rounds: Vec<(BTreeSet<&str>, Round<'j, 'r>)> = Vec::new();
+    for (index, join) in joins.iter().enumerate() {
+        let key = join.trusted_key();
+        let round = rounds
+            .iter()
+            .position(|(keys, _)| key.is_none_or(|key| !keys.contains(key)));
+        let round = match round {
+            Some(round) => round,
+            None => {
+                rounds.push((BTreeSet::new(), Vec::new()));
+                rounds.len() - 1
+            }
+        };
+        rounds[round].0.extend(key);
+        rounds[round].1.push((index, *join));
+    }
+    rounds.into_iter().map(|(_, joins)| joins).collect()
+}
+
+/// A join's new node, in the token's site and pool, with the machine's hardware key.
+fn new_node(
+    join: &AdmittedJoin<'_>,
+    site: &Site,
+    pool: Option<&Pool>,
+    now: DateTime<Utc>,
+) -> ApiResult<NodeRecord> {
+    let mut node = NodeRecord::new(
+        Placement::new_node(&join.request.hostname, site, pool, JOIN_STATE),
+        now,
+    )?;
+    node.hardware_key = join.hardware.key.clone();
+    node.hardware_key_trusted = join.hardware.trusted;
+    Ok(node)
+}
+
+/// The live nodes enrolled with any identifier of these joins' machines, each with all its
+/// enrolled identifiers: one query for a round of joins.
+async fn enrolled_nodes_sharing(
+    txn: &WriteTxn,
+    joins: &[&AdmittedJoin<'_>],
+) -> ApiResult<Vec<(NodeId, enrolled_identifiers::Identifiers)>> {
+    let mut any: enrolled_identifiers::Identifiers = BTreeMap::new();
+    for join in joins {
+        for (kind, values) in &join.hardware.identifiers {
+            any.entry(kind.clone())
+                .or_default()
+                .extend(values.iter().cloned());
+        }
+    }
+    Ok(enrolled_identifiers::sharing_any(&**txn, &any).await?)
+}
+
+/// The one node among `enrolled` that a machine with these identifiers was enrolled as
+/// ([`bc_core::hardware::same_machine`]), if any. Two such nodes are one machine enrolled
+/// twice, which a join cannot choose between: refused, naming both.
+fn enrolled_as(
+    enrolled: &[(NodeId, enrolled_identifiers::Identifiers)],
+    identifiers: &enrolled_identifiers::Identifiers,
+) -> ApiResult<Option<NodeId>> {
+    let mut matches: Vec<&NodeId> = enrolled
+        .iter()
+        .filter(|(_, known)| same_machine(known, identifiers))
+        .map(|(id, _)| id)
+        .collect();
+    match matches.len() {
+        0 | 1 => Ok(matches.pop().cloned()),
+        _ => Err(ApiError::BadUserInput(format!(
+            "this machine's identifiers match several enrolled nodes ({}); delete all but one",
+            matches
+                .iter()
+                .map(|id| format!("`{id}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
+    }
+}
+
 fn refused(why: &str) -> ApiError {
     ApiError::Unauthenticated(format!("join refused: {why}"))
 }
@@ -342,38 +436,48 @@ impl Services {
     /// transaction finds (its machine's node is in another site, its identifiers match two
     /// enrolled nodes) is answered with its error and writes nothing; anything else that
     /// fails, fails the whole transaction, which writes nothing.
+    ///
+    /// The joins are written in rounds, each holding a machine once: a machine joining twice
+    /// (a daemon retrying a slow join) takes back, in the next round, the node its first join
+    /// created, as it would have one join after the other. Each round looks its machines up
+    /// and inserts its new nodes in a few statements, however many joins it holds.
     async fn write_joins(
         &self,
         joins: &[&AdmittedJoin<'_>],
         now: DateTime<Utc>,
     ) -> ApiResult<Vec<ApiResult<IssuedIdentity>>> {
         let txn = self.store.write().await?;
-        // One join of a machine at a time, from its lookup to its commit (lock order, step
-        // 1), the batch's machines in key order so that two batches never wait on each
-        // other in a cycle. Two joins of one machine in one batch are written in turn: the
-        // second takes back the node the first created, as it would have one after the other.
-        let keys: BTreeSet<&str> = joins
+        // One join of a machine at a time, from its lookup to its commit (lock order, step 1).
+        let keys: Vec<&str> = joins
             .iter()
-            .filter(|join| join.hardware.trusted)
-            .filter_map(|join| join.hardware.key.as_deref())
+            .filter_map(|join| join.trusted_key())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
             .collect();
-        for key in keys {
-            nodes::lock_hardware_key(&*txn, key).await?;
-        }
+        nodes::lock_hardware_keys(&*txn, &keys).await?;
         let mut placements: HashMap<&JoinTokenId, (Site, Option<Pool>)> = HashMap::new();
-        let mut outcomes = Vec::with_capacity(joins.len());
         for join in joins {
-            let token = &join.token;
-            if !placements.contains_key(&token.id) {
-                placements.insert(&token.id, token_placement(&txn, token).await?);
-            }
-            let (site, pool) = &placements[&token.id];
-            match self.place_join(&txn, join, site, pool.as_ref(), now).await {
-                Ok(placed) => outcomes.push(Ok(placed)),
-                Err(err) if err.is_server_fault() => return Err(err),
-                Err(err) => outcomes.push(Err(err)),
+            if !placements.contains_key(&join.token.id) {
+                placements.insert(&join.token.id, token_placement(&txn, &join.token).await?);
             }
         }
+        let mut outcomes: Vec<Option<ApiResult<PlacedJoin>>> = joins.iter().map(|_| None).collect();
+        for round in rounds(joins) {
+            let placed = self.place_joins(&txn, &round, &placements, now).await?;
+            for ((index, _), outcome) in round.iter().zip(placed) {
+                outcomes[*index] = Some(outcome);
+            }
+        }
+        let outcomes: Vec<ApiResult<PlacedJoin>> = outcomes
+            .into_iter()
+            .map(|outcome| {
+                outcome.unwrap_or_else(|| {
+                    Err(ApiError::internal(anyhow::anyhow!(
+                        "a join was in no round"
+                    )))
+                })
+            })
+            .collect();
         // Each token's uses are counted on its row, locked from here to the commit (lock
         // order, step 7), tokens in id order.
         let mut spent: BTreeMap<&JoinTokenId, (i64, &str)> = BTreeMap::new();
@@ -413,135 +517,160 @@ impl Services {
             .collect())
     }
 
-    /// One join's writes in a join transaction: the machine's node (taken back if it joined
-    /// before or was enrolled through its BMC, else created), its event and its certificate.
-    /// Its token's use is counted by the caller.
-    async fn place_join(
+    /// One round of a join transaction, each machine in it once: every join's node (its
+    /// machine's own, found by its trusted hardware key or by the identifiers it was
+    /// enrolled with and taken back, or a new one), its event and its certificate, answered
+    /// in the round's order. Its token's use is counted by the caller. A server fault fails
+    /// the round, and so the transaction; any other refusal is that join's answer.
+    async fn place_joins(
+        &self,
+        txn: &WriteTxn,
+        round: &[(usize, &AdmittedJoin<'_>)],
+        placements: &HashMap<&JoinTokenId, (Site, Option<Pool>)>,
+        now: DateTime<Utc>,
+    ) -> ApiResult<Vec<ApiResult<PlacedJoin>>> {
+        let keys: Vec<&str> = round
+            .iter()
+            .filter_map(|(_, join)| join.trusted_key())
+            .collect();
+        let by_key = nodes::by_trusted_hardware_keys(&**txn, &keys).await?;
+        // The machines with a trusted key and no node holding it may have been enrolled
+        // through their BMC: the enrolled nodes sharing any of their identifiers, in one query,
+        // which each join then compares with its own identifiers as a whole.
+        let unclaimed: Vec<&AdmittedJoin<'_>> = round
+            .iter()
+            .map(|(_, join)| *join)
+            .filter(|join| {
+                join.trusted_key()
+                    .is_some_and(|key| !by_key.contains_key(key))
+            })
+            .collect();
+        let enrolled = enrolled_nodes_sharing(txn, &unclaimed).await?;
+        let mut placed: Vec<Option<ApiResult<PlacedJoin>>> = round.iter().map(|_| None).collect();
+        let mut new_nodes: Vec<(usize, NodeRecord)> = Vec::new();
+        for (at, (_, join)) in round.iter().enumerate() {
+            let (site, pool) = &placements[&join.token.id];
+            let found = match join.trusted_key() {
+                Some(key) => match by_key.get(key) {
+                    Some(id) => Ok(Some((id.clone(), "its hardware key"))),
+                    None => enrolled_as(&enrolled, &join.hardware.identifiers)
+                        .map(|id| id.map(|id| (id, "the identifiers it was enrolled with"))),
+                },
+                None => Ok(None),
+            };
+            let outcome = match found {
+                Ok(Some((existing, matched_by))) => {
+                    self.take_back(txn, join, &existing, matched_by, site, now)
+                        .await
+                }
+                Ok(None) => match new_node(join, site, pool.as_ref(), now) {
+                    Ok(node) => {
+                        new_nodes.push((at, node));
+                        continue;
+                    }
+                    Err(err) => Err(err),
+                },
+                Err(err) => Err(err),
+            };
+            match outcome {
+                Err(err) if err.is_server_fault() => return Err(err),
+                outcome => placed[at] = Some(outcome),
+            }
+        }
+        let records: Vec<NodeRecord> = new_nodes.iter().map(|(_, node)| node.clone()).collect();
+        nodes::insert_many(&**txn, &records).await?;
+        for (at, node) in new_nodes {
+            let join = round[at].1;
+            let change = Change::new(
+                EventType::NodeJoined,
+                Axis::Lifecycle,
+                None::<String>,
+                Some(JOIN_STATE.as_static_str()),
+            )
+            .with_detail(format!("join token {}", join.token.id));
+            events::append_node_changes(
+                txn,
+                None,
+                &node,
+                &[change],
+                &Actor::System,
+                Some("join"),
+                now,
+            )?;
+            let identity = self.issue(&join.csr, &node.id, node.identity_generation, now)?;
+            placed[at] = Some(Ok(PlacedJoin {
+                node_id: node.id,
+                reclaimed: false,
+                identity,
+            }));
+        }
+        Ok(placed
+            .into_iter()
+            .map(|outcome| {
+                outcome.unwrap_or_else(|| {
+                    Err(ApiError::internal(anyhow::anyhow!("a join went unplaced")))
+                })
+            })
+            .collect())
+    }
+
+    /// A join of a machine that has a node (`existing`, found by `matched_by`): the node,
+    /// which must be in the token's site, takes the join's identity (the next generation,
+    /// whose certificate replaces the old one) and the daemon's hardware key.
+    async fn take_back(
         &self,
         txn: &WriteTxn,
         join: &AdmittedJoin<'_>,
+        existing_id: &NodeId,
+        matched_by: &str,
         site: &Site,
-        pool: Option<&Pool>,
         now: DateTime<Utc>,
     ) -> ApiResult<PlacedJoin> {
         let (request, hw, token) = (join.request, &join.hardware, &join.token);
-        let actor = Actor::System;
-        // The machine's node, if it has one: the live node holding its trusted hardware key
-        // (it joined before), else the one it was enrolled as through its BMC.
-        let reclaimed = match (&hw.key, hw.trusted) {
-            (Some(key), true) => match nodes::by_trusted_hardware_key(&**txn, key).await? {
-                Some(id) => Some((id, "its hardware key")),
-                None => self
-                    .enrolled_as(txn, &hw.identifiers)
-                    .await?
-                    .map(|id| (id, "the identifiers it was enrolled with")),
-            },
-            _ => None,
-        };
-        let node = match &reclaimed {
-            Some((existing_id, matched_by)) => {
-                let existing = nodes::load(&**txn, existing_id, true)
-                    .await?
-                    .ok_or_else(|| {
-                        ApiError::internal(anyhow::anyhow!("node {existing_id} vanished"))
-                    })?;
-                if existing.site_id != site.id {
-                    return Err(ApiError::BadUserInput(format!(
-                        "this machine's hardware key belongs to node `{existing_id}` in site `{}`; delete that node or join with a token of its site",
-                        existing.site_id
-                    )));
-                }
-                let (node, _) = self
-                    .change_node_in(
-                        txn,
-                        &actor,
-                        existing_id,
-                        None,
-                        &|_| true,
-                        "join:reclaim",
-                        |n, _, _| {
-                            let mut changes = n.bump_identity_generation("re-joined in place");
-                            changes.push(
-                                Change::new(
-                                    EventType::NodeRejoined,
-                                    Axis::Lifecycle,
-                                    None::<String>,
-                                    Some(request.hostname.as_str()),
-                                )
-                                .with_detail(format!(
-                                    "join token {}; the machine was recognised by {matched_by}",
-                                    token.id
-                                )),
-                            );
-                            // An enrolled node takes the key of the daemon's identifiers, which
-                            // the inventory will report (unchanged for a node found by its key).
-                            changes.extend(n.set_hardware_key(hw.key.clone(), hw.trusted));
-                            Ok(changes)
-                        },
-                    )
-                    .await?;
-                node
-            }
-            None => {
-                let mut node = NodeRecord::new(
-                    Placement::new_node(&request.hostname, site, pool, JOIN_STATE),
-                    now,
-                )?;
-                node.hardware_key = hw.key.clone();
-                node.hardware_key_trusted = hw.trusted;
-                nodes::insert(&**txn, &node).await?;
-                let change = Change::new(
-                    EventType::NodeJoined,
-                    Axis::Lifecycle,
-                    None::<String>,
-                    Some(JOIN_STATE.as_static_str()),
-                )
-                .with_detail(format!("join token {}", token.id));
-                events::append_node_changes(
-                    txn,
-                    None,
-                    &node,
-                    &[change],
-                    &actor,
-                    Some("join"),
-                    now,
-                )?;
-                node
-            }
-        };
+        let existing = nodes::load(&**txn, existing_id, true)
+            .await?
+            .ok_or_else(|| ApiError::internal(anyhow::anyhow!("node {existing_id} vanished")))?;
+        if existing.site_id != site.id {
+            return Err(ApiError::BadUserInput(format!(
+                "this machine's hardware key belongs to node `{existing_id}` in site `{}`; delete that node or join with a token of its site",
+                existing.site_id
+            )));
+        }
+        let (node, _) = self
+            .change_node_in(
+                txn,
+                &Actor::System,
+                existing_id,
+                None,
+                &|_| true,
+                "join:reclaim",
+                |n, _, _| {
+                    let mut changes = n.bump_identity_generation("re-joined in place");
+                    changes.push(
+                        Change::new(
+                            EventType::NodeRejoined,
+                            Axis::Lifecycle,
+                            None::<String>,
+                            Some(request.hostname.as_str()),
+                        )
+                        .with_detail(format!(
+                            "join token {}; the machine was recognised by {matched_by}",
+                            token.id
+                        )),
+                    );
+                    // An enrolled node takes the key of the daemon's identifiers, which the
+                    // inventory will report (unchanged for a node found by its key).
+                    changes.extend(n.set_hardware_key(hw.key.clone(), hw.trusted));
+                    Ok(changes)
+                },
+            )
+            .await?;
         let identity = self.issue(&join.csr, &node.id, node.identity_generation, now)?;
         Ok(PlacedJoin {
             node_id: node.id,
-            reclaimed: reclaimed.is_some(),
+            reclaimed: true,
             identity,
         })
-    }
-
-    /// The live node a machine with these identifiers was enrolled as
-    /// ([`bc_core::hardware::same_machine`]), if any. Two such nodes are one machine enrolled
-    /// twice, which a join cannot choose between: refused, naming both.
-    async fn enrolled_as(
-        &self,
-        txn: &WriteTxn,
-        identifiers: &enrolled_identifiers::Identifiers,
-    ) -> ApiResult<Option<NodeId>> {
-        let mut matches: Vec<NodeId> = enrolled_identifiers::sharing_any(&**txn, identifiers)
-            .await?
-            .into_iter()
-            .filter(|(_, enrolled)| same_machine(enrolled, identifiers))
-            .map(|(id, _)| id)
-            .collect();
-        match matches.len() {
-            0 | 1 => Ok(matches.pop()),
-            _ => Err(ApiError::BadUserInput(format!(
-                "this machine's identifiers match several enrolled nodes ({}); delete all but one",
-                matches
-                    .iter()
-                    .map(|id| format!("`{id}`"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ))),
-        }
     }
 
     /// Renewal with a current certificate: same node, same generation, a fresh lifetime.

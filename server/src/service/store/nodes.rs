@@ -85,22 +85,43 @@ pub async fn lock(conn: &impl ConnectionTrait, id: &NodeId) -> anyhow::Result<()
 /// locks are apart from the event-order lock's one-key form (an arbitrary constant).
 const HARDWARE_KEY_LOCK_CLASS: i32 = 0x6268_6b79;
 
-/// Locks a machine's hardware key until the transaction ends (PostgreSQL), so that joins of
+/// Locks machines' hardware keys until the transaction ends (PostgreSQL), so that joins of
 /// one machine go one at a time: two at once (a daemon retrying a slow join) would both find
 /// no node holding the key, both insert one, and the second would fail on the unique index
 /// of trusted keys; with the lock, the second finds the first's node and takes it back.
 /// SQLite's write transaction holds the whole database already.
-pub async fn lock_hardware_key(conn: &impl ConnectionTrait, key: &str) -> anyhow::Result<()> {
-    if conn.get_database_backend() == DbBackend::Postgres {
+///
+/// A batch of joins locks its machines in one round trip, in the order of the keys' hashes,
+/// so that two transactions locking overlapping sets never wait on each other in a cycle. The hashes are sorted in a materialized CTE, which a scan returns in
+/// the order it was written; the locks are taken as the outer query reads it.
+pub async fn lock_hardware_keys(conn: &impl ConnectionTrait, keys: &[&str]) -> anyhow::Result<()> {
+    if conn.get_database_backend() != DbBackend::Postgres || keys.is_empty() {
+        return Ok(());
+    }
+    for run in keys.chunks(HARDWARE_KEYS_PER_LOCK_STATEMENT) {
+        let placeholders: Vec<String> = (0..run.len()).map(|i| format!("(${})", i + 2)).collect();
+        let sql = format!(
+            "WITH keys AS MATERIALIZED (SELECT DISTINCT hashtext(key) AS hash FROM (VALUES {}) AS given(key) ORDER BY hash) \
+             SELECT pg_advisory_xact_lock($1, hash) FROM keys",
+            placeholders.join(", ")
+        );
+        let mut values: Vec<sea_orm::Value> = vec![HARDWARE_KEY_LOCK_CLASS.into()];
+        values.extend(run.iter().map(|key| (*key).into()));
         conn.execute_raw(sea_orm::Statement::from_sql_and_values(
             DbBackend::Postgres,
-            "SELECT pg_advisory_xact_lock($1, hashtext($2))",
-            [HARDWARE_KEY_LOCK_CLASS.into(), key.into()],
+            sql,
+            values,
         ))
         .await?;
     }
     Ok(())
 }
+
+/// The most hardware keys one statement of [`lock_hardware_keys`] locks: a batch of joins holds
+/// at most 256 (`gateway::write_batches`), so this is one statement in practice. Runs of keys
+/// are each in hash order, and a batch larger than one run could close a cycle with another;
+/// PostgreSQL would then refuse one of the two, and its joins be written one at a time.
+const HARDWARE_KEYS_PER_LOCK_STATEMENT: usize = 1_000;
 
 /// [`lock`], on every backend, and whether the node exists.
 pub async fn lock_existing(conn: &impl ConnectionTrait, id: &NodeId) -> anyhow::Result<bool> {
@@ -487,6 +508,23 @@ pub async fn insert(conn: &impl ConnectionTrait, node: &NodeRecord) -> anyhow::R
     write_children(conn, &[(None, node)]).await
 }
 
+/// Writes new nodes and their children: a statement per run of [`NODE_WRITE_RUN`] nodes and
+/// one per child table in use (a batch of joins).
+pub async fn insert_many(conn: &impl ConnectionTrait, nodes: &[NodeRecord]) -> anyhow::Result<()> {
+    for run in nodes.chunks(NODE_WRITE_RUN) {
+        let rows = run
+            .iter()
+            .map(rows::node_row)
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        node::Entity::insert_many(rows)
+            .exec_without_returning(conn)
+            .await?;
+    }
+    let writes: Vec<(Option<&NodeRecord>, &NodeRecord)> =
+        nodes.iter().map(|node| (None, node)).collect();
+    write_children(conn, &writes).await
+}
+
 /// The most nodes one statement of [`save_many`] writes (a power of two: [`runs`]): a node row
 /// binds 34 parameters, and SQLite binds at most 32,766 to a statement.
 const NODE_WRITE_RUN: usize = 256;
@@ -649,6 +687,34 @@ pub async fn by_trusted_hardware_key(
         NodeId::parse(&r.id).map_err(|_| anyhow::anyhow!("corrupt row: nodes.id = `{}`", r.id))
     })
     .transpose()
+}
+
+/// [`by_trusted_hardware_key`] for many keys in one query: the live node holding each key
+/// that one holds.
+pub async fn by_trusted_hardware_keys(
+    conn: &impl ConnectionTrait,
+    keys: &[&str],
+) -> anyhow::Result<HashMap<String, NodeId>> {
+    let mut found = HashMap::new();
+    for run in keys.chunks(CHILD_LOAD_CHUNK) {
+        let rows: Vec<(String, Option<String>)> = node::Entity::find()
+            .select_only()
+            .column(node::Column::Id)
+            .column(node::Column::HardwareKey)
+            .filter(node::Column::HardwareKey.is_in(run.iter().copied()))
+            .filter(node::Column::HardwareKeyTrusted.eq(true))
+            .filter(node::Column::DeletedAt.is_null())
+            .into_tuple()
+            .all(conn)
+            .await?;
+        for (id, key) in rows {
+            let id = NodeId::parse(&id).map_err(|_| anyhow!("corrupt row: nodes.id = `{id}`"))?;
+            if let Some(key) = key {
+                found.insert(key, id);
+            }
+        }
+    }
+    Ok(found)
 }
 
 /// One page of nodes ordered by id, after the cursor `after`, at most `limit`.
