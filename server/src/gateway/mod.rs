@@ -404,19 +404,29 @@ async fn report_commands(services: Services, batch: Vec<CommandReport>) -> Vec<A
 /// Writes a batch with `write`. A batch that fails as a whole (the database refused one
 /// request's data, say a daemon's section PostgreSQL will not store) is written again a
 /// request at a time, so that one daemon's bad data fails its own request only; a request
-/// that fails alone is logged and answered with an internal error.
+/// that fails alone is logged and answered with an internal error. A batch that found no
+/// database connection in time answers every request `UNAVAILABLE` (logged where it arose,
+/// at most every few seconds), which its session ends on as "database busy": a request at
+/// a time, each would wait as long again.
 async fn written<'a, T, R, F, Fut>(what: &str, batch: &'a [T], write: F) -> Vec<ApiResult<R>>
 where
     F: Fn(&'a [T]) -> Fut,
     Fut: std::future::Future<Output = ApiResult<Vec<ApiResult<R>>>>,
 {
-    let failed = |err: ApiError| {
-        tracing::warn!(error = ?err, "{what} failed");
-        Err(ApiError::Internal(anyhow::anyhow!("{what} failed")))
+    let failed = |err: ApiError| match err {
+        ApiError::Unavailable(_) => Err(err),
+        err => {
+            tracing::warn!(error = ?err, "{what} failed");
+            Err(ApiError::Internal(anyhow::anyhow!("{what} failed")))
+        }
     };
     match write(batch).await {
         Ok(answers) => answers,
         Err(err) if batch.len() == 1 => vec![failed(err)],
+        Err(ApiError::Unavailable(message)) => batch
+            .iter()
+            .map(|_| Err(ApiError::Unavailable(message.clone())))
+            .collect(),
         Err(err) => {
             tracing::warn!(requests = batch.len(), error = ?err, "{what} failed for a whole batch; writing its requests one at a time");
             let mut answers = Vec::with_capacity(batch.len());

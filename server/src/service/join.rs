@@ -54,9 +54,13 @@ async fn admitting_token(
     secret: &str,
     now: DateTime<Utc>,
 ) -> ApiResult<JoinToken> {
-    let token = join_tokens::get(conn, id, false)
-        .await?
-        .ok_or_else(|| refused("unknown token"))?;
+    admitting(join_tokens::get(conn, id, false).await?, secret, now)
+}
+
+/// `token`, as read, if it exists and admits one more join by someone presenting `secret`
+/// at `now`.
+fn admitting(token: Option<JoinToken>, secret: &str, now: DateTime<Utc>) -> ApiResult<JoinToken> {
+    let token = token.ok_or_else(|| refused("unknown token"))?;
     token
         .admit(secret, now)
         .map_err(|refusal| refused(&refusal.to_string()))?;
@@ -72,6 +76,21 @@ struct AdmittedJoin<'r> {
     token: JoinToken,
     csr: NodeCsr,
     hardware: HardwareKey,
+}
+
+/// What became of a transaction of joins ([`Services::write_joins`]).
+enum BatchOutcome {
+    /// It committed: each join's answer, in order.
+    Written(Vec<ApiResult<IssuedIdentity>>),
+    /// It wrote nothing: this token no longer admits any join (used up, revoked or expired
+    /// since its joins were admitted), and `refusal` says which.
+    TokenRefused {
+        token: JoinTokenId,
+        refusal: ApiError,
+    },
+    /// It wrote nothing: a token has fewer uses left than the joins through it, which must
+    /// decide one at a time.
+    TooFewUses,
 }
 
 /// What one join of a transaction wrote, to answer it once the transaction commits.
@@ -98,18 +117,15 @@ async fn admit_join<'r>(
     let token_id = JoinTokenId::parse(id)
         .map_err(|_| ApiError::BadUserInput("the join token is malformed".into()))?;
     bc_core::node::validate_hostname(&request.hostname)?;
-    let token = match tokens.get(&token_id) {
+    let read = match tokens.get(&token_id) {
         Some(token) => token.clone(),
         None => {
             let token = join_tokens::get(services.store.db(), &token_id, false).await?;
             tokens.insert(token_id, token.clone());
             token
         }
-    }
-    .ok_or_else(|| refused("unknown token"))?;
-    token
-        .admit(secret, now)
-        .map_err(|refusal| refused(&refusal.to_string()))?;
+    };
+    let token = admitting(read, secret, now)?;
     let csr = parse_csr(&request.csr_pem)?;
     Ok(AdmittedJoin {
         request,
@@ -152,30 +168,31 @@ impl AdmittedJoin<'_> {
     }
 }
 
-/// Joins of one round, each with its index among the transaction's joins.
-type Round<'j, 'r> = Vec<(usize, &'j AdmittedJoin<'r>)>;
-
-/// The joins of a transaction in rounds, each holding a machine (a trusted hardware key) once,
-/// every join with its index among `joins`: a machine's second join is in the round after its
-/// first.
-fn rounds<'j, 'r>(joins: &[&'j AdmittedJoin<'r>]) -> Vec<Round<'j, 'r>> {
-    let mut rounds: Vec<(BTreeSet<&str>, Round<'j, 'r>)> = Vec::new();
-    for (index, join) in joins.iter().enumerate() {
-        let key = join.trusted_key();
-        let round = rounds
+/// Items in rounds, each holding a key once (items without a key go in the first round),
+/// every item with its index among `items`: an item whose key an earlier item has is in the
+/// round after that item's. A batch of joins is written in rounds of machines (their trusted
+/// hardware keys), so that a machine's second join sees its first.
+fn rounds<'a, T>(
+    items: &'a [T],
+    key: impl Fn(&'a T) -> Option<&'a str>,
+) -> Vec<Vec<(usize, &'a T)>> {
+    let mut rounds: Vec<Vec<(usize, &T)>> = Vec::new();
+    // The keys of each round.
+    let mut keys: Vec<BTreeSet<&str>> = Vec::new();
+    for (index, item) in items.iter().enumerate() {
+        let key = key(item);
+        let round = keys
             .iter()
-            .position(|(keys, _)| key.is_none_or(|key| !keys.contains(key)));
-        let round = match round {
-            Some(round) => round,
-            None => {
-                rounds.push((BTreeSet::new(), Vec::new()));
+            .position(|keys| key.is_none_or(|key| !keys.contains(key)))
+            .unwrap_or_else(|| {
+                keys.push(BTreeSet::new());
+                rounds.push(Vec::new());
                 rounds.len() - 1
-            }
-        };
-        rounds[round].0.extend(key);
-        rounds[round].1.push((index, *join));
+            });
+        keys[round].extend(key);
+        rounds[round].push((index, item));
     }
-    rounds.into_iter().map(|(_, joins)| joins).collect()
+    rounds
 }
 
 /// A join's new node, in the token's site and pool, with the machine's hardware key.
@@ -233,6 +250,26 @@ fn enrolled_as(
                 .collect::<Vec<_>>()
                 .join(", ")
         ))),
+    }
+}
+
+/// A join's answer, which every path of a batch gives; none would be a bug, answered as one.
+fn answered<T>(answer: Option<ApiResult<T>>) -> ApiResult<T> {
+    answer.unwrap_or_else(|| {
+        Err(ApiError::internal(anyhow::anyhow!(
+            "a join went unanswered"
+        )))
+    })
+}
+
+/// The answer for the other joins of a batch that met `fault` (a server fault): the same
+/// kind, `UNAVAILABLE` or `INTERNAL` (whose cause was logged once, with the first).
+fn same_fault(fault: &ApiError) -> ApiError {
+    match fault {
+        ApiError::Unavailable(message) => ApiError::Unavailable(message.clone()),
+        _ => ApiError::Internal(anyhow::anyhow!(
+            "the join's batch failed on the server's side"
+        )),
     }
 }
 
@@ -359,14 +396,7 @@ impl Services {
     /// event), or refuses it and creates nothing. One join is a batch of one
     /// ([`Services::join_many`]).
     pub async fn join(&self, request: &JoinRequest) -> ApiResult<IssuedIdentity> {
-        self.join_many(std::slice::from_ref(request))
-            .await
-            .pop()
-            .unwrap_or_else(|| {
-                Err(ApiError::internal(anyhow::anyhow!(
-                    "a join went unanswered"
-                )))
-            })
+        answered(self.join_many(std::slice::from_ref(request)).await.pop())
     }
 
     /// JoinService for the joins the gateway collected while its last batch was written:
@@ -378,58 +408,93 @@ impl Services {
     /// transaction made every join of every replica wait for those two locks in turn (at
     /// 100,000 nodes, four in five of the statements slower than 100 ms were the token's
     /// update: BENCHMARKS.md). So the admitted joins are written in one transaction, which
-    /// counts each token's uses once and inserts the events once. Should that fail as a
-    /// whole (the token has fewer uses left than the batch needs, or the database refused
-    /// one join's rows), the joins are written again one at a time, each deciding alone.
+    /// counts each token's uses once and inserts the events once. A token that no longer
+    /// admits any join (used up, revoked or expired meanwhile) refuses its joins and the rest
+    /// are written again without them; should the transaction fail otherwise (a token has
+    /// fewer uses left than the batch needs, or the database refused one join's rows), the
+    /// joins are written again one at a time, each deciding alone. A database that gave no
+    /// connection in time answers every join `UNAVAILABLE` at once.
     pub async fn join_many(&self, requests: &[JoinRequest]) -> Vec<ApiResult<IssuedIdentity>> {
-        let now = self.clock.now();
+        let admitted_at = self.clock.now();
         let mut answers: Vec<Option<ApiResult<IssuedIdentity>>> =
             requests.iter().map(|_| None).collect();
         let mut tokens = HashMap::new();
         let mut admitted = Vec::with_capacity(requests.len());
         for (index, request) in requests.iter().enumerate() {
-            match admit_join(self, request, &mut tokens, now).await {
+            match admit_join(self, request, &mut tokens, admitted_at).await {
                 Ok(join) => admitted.push((index, join)),
+                // The database failed reading a token (busy, or down): the rest of the batch
+                // would wait for it again, one after another, so all of it answers so.
+                Err(err) if err.is_server_fault() => {
+                    for answer in answers.iter_mut().filter(|answer| answer.is_none()) {
+                        *answer = Some(Err(same_fault(&err)));
+                    }
+                    return answers.into_iter().map(answered).collect();
+                }
                 Err(err) => answers[index] = Some(Err(err)),
             }
         }
-        let joins: Vec<&AdmittedJoin> = admitted.iter().map(|(_, join)| join).collect();
-        let written = match self.write_joins(&joins, now).await {
-            Ok(written) => written,
-            Err(err) if joins.len() == 1 => vec![Err(err)],
-            Err(err) => {
-                if err.is_server_fault() {
-                    tracing::warn!(joins = joins.len(), error = ?err, "a batch of joins failed as a whole; writing them one at a time");
-                } else {
-                    tracing::debug!(joins = joins.len(), reason = %err.message(), "a batch of joins cannot be written together; writing them one at a time");
-                }
-                let mut written = Vec::with_capacity(joins.len());
-                for join in &joins {
-                    written.push(match self.write_joins(&[*join], now).await {
-                        Ok(mut one) => one.pop().unwrap_or_else(|| {
-                            Err(ApiError::internal(anyhow::anyhow!(
-                                "a join went unanswered"
-                            )))
-                        }),
-                        Err(err) => Err(err),
+        let mut pending: Vec<&(usize, AdmittedJoin)> = admitted.iter().collect();
+        while !pending.is_empty() {
+            let joins: Vec<&AdmittedJoin> = pending.iter().map(|(_, join)| join).collect();
+            let written = match self.write_joins(&joins).await {
+                Ok(BatchOutcome::Written(written)) => written,
+                // The token's joins are refused as it says; the rest go in again without them.
+                Ok(BatchOutcome::TokenRefused { token, refusal }) => {
+                    let message = refusal.message();
+                    pending.retain(|(index, join)| {
+                        let refused = join.token.id == token;
+                        if refused {
+                            answers[*index] = Some(Err(ApiError::Unauthenticated(message.clone())));
+                        }
+                        !refused
                     });
+                    continue;
                 }
-                written
+                Ok(BatchOutcome::TooFewUses) => {
+                    tracing::debug!(
+                        joins = joins.len(),
+                        "a token has fewer uses left than a batch of joins needs; writing them one at a time"
+                    );
+                    self.write_one_at_a_time(&joins).await
+                }
+                // No connection in time: one at a time, each would wait as long again.
+                Err(err @ ApiError::Unavailable(_)) => {
+                    joins.iter().map(|_| Err(same_fault(&err))).collect()
+                }
+                Err(err) if joins.len() == 1 => vec![Err(err)],
+                Err(err) => {
+                    tracing::warn!(joins = joins.len(), error = ?err, "a batch of joins failed as a whole; writing them one at a time");
+                    self.write_one_at_a_time(&joins).await
+                }
+            };
+            for ((index, _), answer) in pending.iter().zip(written) {
+                answers[*index] = Some(answer);
             }
-        };
-        for ((index, _), answer) in admitted.iter().zip(written) {
-            answers[*index] = Some(answer);
+            break;
         }
-        answers
-            .into_iter()
-            .map(|answer| {
-                answer.unwrap_or_else(|| {
-                    Err(ApiError::internal(anyhow::anyhow!(
-                        "a join went unanswered"
-                    )))
-                })
-            })
-            .collect()
+        answers.into_iter().map(answered).collect()
+    }
+
+    /// Joins that could not be written together, each in its own transaction, in order: each
+    /// decides alone, as it would have without batching.
+    async fn write_one_at_a_time(
+        &self,
+        joins: &[&AdmittedJoin<'_>],
+    ) -> Vec<ApiResult<IssuedIdentity>> {
+        let mut written = Vec::with_capacity(joins.len());
+        for join in joins {
+            written.push(match self.write_joins(&[*join]).await {
+                Ok(BatchOutcome::Written(mut one)) => answered(one.pop()),
+                Ok(BatchOutcome::TokenRefused { refusal, .. }) => Err(refusal),
+                Ok(BatchOutcome::TooFewUses) => Err(ApiError::internal(anyhow::anyhow!(
+                    "join token {} admits the join, but counting its use found it did not",
+                    join.token.id
+                ))),
+                Err(err) => Err(err),
+            });
+        }
+        written
     }
 
     /// Writes admitted joins in one transaction and answers each. A join refused on what the
@@ -441,12 +506,13 @@ impl Services {
     /// (a daemon retrying a slow join) takes back, in the next round, the node its first join
     /// created, as it would have one join after the other. Each round looks its machines up
     /// and inserts its new nodes in a few statements, however many joins it holds.
-    async fn write_joins(
-        &self,
-        joins: &[&AdmittedJoin<'_>],
-        now: DateTime<Utc>,
-    ) -> ApiResult<Vec<ApiResult<IssuedIdentity>>> {
+    async fn write_joins(&self, joins: &[&AdmittedJoin<'_>]) -> ApiResult<BatchOutcome> {
+        if joins.is_empty() {
+            return Ok(BatchOutcome::Written(Vec::new()));
+        }
         let txn = self.store.write().await?;
+        // The time of the writes, once the writer is ours (it may have been a while).
+        let now = self.clock.now();
         // One join of a machine at a time, from its lookup to its commit (lock order, step 1).
         let keys: Vec<&str> = joins
             .iter()
@@ -462,22 +528,17 @@ impl Services {
             }
         }
         let mut outcomes: Vec<Option<ApiResult<PlacedJoin>>> = joins.iter().map(|_| None).collect();
-        for round in rounds(joins) {
+        for round in rounds(joins, |join| join.trusted_key()) {
+            let round: Vec<(usize, &AdmittedJoin)> = round
+                .into_iter()
+                .map(|(index, join)| (index, *join))
+                .collect();
             let placed = self.place_joins(&txn, &round, &placements, now).await?;
             for ((index, _), outcome) in round.iter().zip(placed) {
                 outcomes[*index] = Some(outcome);
             }
         }
-        let outcomes: Vec<ApiResult<PlacedJoin>> = outcomes
-            .into_iter()
-            .map(|outcome| {
-                outcome.unwrap_or_else(|| {
-                    Err(ApiError::internal(anyhow::anyhow!(
-                        "a join was in no round"
-                    )))
-                })
-            })
-            .collect();
+        let outcomes: Vec<ApiResult<PlacedJoin>> = outcomes.into_iter().map(answered).collect();
         // Each token's uses are counted on its row, locked from here to the commit (lock
         // order, step 7), tokens in id order.
         let mut spent: BTreeMap<&JoinTokenId, (i64, &str)> = BTreeMap::new();
@@ -489,21 +550,25 @@ impl Services {
         for (token_id, (uses, secret)) in spent {
             if !join_tokens::spend_uses(&*txn, token_id, uses, now).await? {
                 // Joins that committed meanwhile used it up, or it was revoked or expired:
-                // the token says which. One that still admits a join has fewer uses left than
-                // this batch needs, and its joins must decide one at a time; for a single join
-                // it would mean the statement's condition and `JoinToken::admit` disagree.
-                admitting_token(&*txn, token_id, secret, now).await?;
-                return Err(if uses > 1 {
-                    refused("the token has fewer uses left than the joins waiting on it")
-                } else {
-                    ApiError::internal(anyhow::anyhow!(
+                // the token says which, and its joins are refused. One that still admits a
+                // join has fewer uses left than this batch needs, and its joins must decide
+                // one at a time; for a single join it would mean the statement's condition
+                // and `JoinToken::admit` disagree. Either way this transaction writes nothing.
+                return match admitting_token(&*txn, token_id, secret, now).await {
+                    Err(refusal) if !refusal.is_server_fault() => Ok(BatchOutcome::TokenRefused {
+                        token: token_id.clone(),
+                        refusal,
+                    }),
+                    Err(fault) => Err(fault),
+                    Ok(_) if uses > 1 => Ok(BatchOutcome::TooFewUses),
+                    Ok(_) => Err(ApiError::internal(anyhow::anyhow!(
                         "join token {token_id} admits the join, but counting its use found it did not"
-                    ))
-                });
+                    ))),
+                };
             }
         }
         txn.commit().await?;
-        Ok(outcomes
+        Ok(BatchOutcome::Written(outcomes
             .into_iter()
             .map(|outcome| {
                 let placed = outcome?;
@@ -514,7 +579,7 @@ impl Services {
                 metrics::counter!("bc_joins_total", "outcome" => if placed.reclaimed { "reclaimed" } else { "joined" }).increment(1);
                 Ok(placed.identity)
             })
-            .collect())
+            .collect()))
     }
 
     /// One round of a join transaction, each machine in it once: every join's node (its
@@ -548,16 +613,28 @@ impl Services {
         let enrolled = enrolled_nodes_sharing(txn, &unclaimed).await?;
         let mut placed: Vec<Option<ApiResult<PlacedJoin>>> = round.iter().map(|_| None).collect();
         let mut new_nodes: Vec<(usize, NodeRecord)> = Vec::new();
-        for (at, (_, join)) in round.iter().enumerate() {
-            let (site, pool) = &placements[&join.token.id];
-            let found = match join.trusted_key() {
+        // Each machine's node, if it has one: the live node holding its trusted hardware key
+        // (it joined before), else the one it was enrolled as through its BMC.
+        let found: Vec<ApiResult<Option<(NodeId, &str)>>> = round
+            .iter()
+            .map(|(_, join)| match join.trusted_key() {
                 Some(key) => match by_key.get(key) {
                     Some(id) => Ok(Some((id.clone(), "its hardware key"))),
                     None => enrolled_as(&enrolled, &join.hardware.identifiers)
                         .map(|id| id.map(|id| (id, "the identifiers it was enrolled with"))),
                 },
                 None => Ok(None),
-            };
+            })
+            .collect();
+        // The nodes taken back, locked in id order before any is changed (lock order, step
+        // 2): taking one back may close its session, a later step.
+        let taken: Vec<NodeId> = found
+            .iter()
+            .filter_map(|found| found.as_ref().ok()?.as_ref().map(|(id, _)| id.clone()))
+            .collect();
+        nodes::lock_many(&**txn, &taken).await?;
+        for ((at, (_, join)), found) in round.iter().enumerate().zip(found) {
+            let (site, pool) = &placements[&join.token.id];
             let outcome = match found {
                 Ok(Some((existing, matched_by))) => {
                     self.take_back(txn, join, &existing, matched_by, site, now)
@@ -604,14 +681,7 @@ impl Services {
                 identity,
             }));
         }
-        Ok(placed
-            .into_iter()
-            .map(|outcome| {
-                outcome.unwrap_or_else(|| {
-                    Err(ApiError::internal(anyhow::anyhow!("a join went unplaced")))
-                })
-            })
-            .collect())
+        Ok(placed.into_iter().map(answered).collect())
     }
 
     /// A join of a machine that has a node (`existing`, found by `matched_by`): the node,
@@ -729,5 +799,30 @@ impl Services {
             )));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rounds;
+
+    #[test]
+    fn rounds_hold_each_key_once_in_the_order_given() {
+        let keys = [
+            Some("a"),
+            Some("b"),
+            Some("a"),
+            None,
+            Some("a"),
+            Some("b"),
+            None,
+        ];
+        let indices: Vec<Vec<usize>> = rounds(&keys, |key| *key)
+            .into_iter()
+            .map(|round| round.into_iter().map(|(index, _)| index).collect())
+            .collect();
+        assert_eq!(indices, vec![vec![0, 1, 3, 6], vec![2, 5], vec![4]]);
+        let nothing: [Option<&str>; 0] = [];
+        assert!(rounds(&nothing, |key| *key).is_empty());
     }
 }

@@ -27,7 +27,7 @@ use chrono::{DateTime, Utc};
 use sea_orm::ActiveValue::Set;
 use sea_orm::EntityTrait;
 use serde_json::json;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::common::{event_summary, node, node_record, now, site_and_pool};
 use crate::raw_daemon;
@@ -844,6 +844,70 @@ async fn a_batch_of_joins_answers_each_join_and_counts_the_token_once() {
         );
         assert_eq!(raw_daemon::node_count(s).await, nodes_before + 4);
         assert_eq!(token_uses(s, &scarce).await, 2);
+    })
+    .await;
+}
+
+/// Two batches of joins at once, as two replicas write them, sharing a machine and a token
+/// with uses for one batch: exactly as many get in as the token has uses, the others are
+/// refused as used up (the later batch finds the token used up when it counts its uses, or
+/// already when it checks it), the shared machine is one node, and nothing refused is
+/// written.
+#[tokio::test]
+async fn two_batches_of_joins_at_once_share_a_machine_and_a_scarce_token() {
+    const USES: usize = 3;
+    each_backend(async |s| {
+        let (site, pool) = s.site_and_pool(8).await;
+        let token = s.join_token(&site, Some(&pool), USES as i64).await;
+        let nodes_before = raw_daemon::node_count(s).await;
+        let shared = raw_daemon::Machine::new();
+        let [a, b, c, d] = std::array::from_fn(|_| raw_daemon::Machine::new());
+        let first = [
+            join_request(&shared, &token, "gpu-shared"),
+            join_request(&a, &token, "gpu-a"),
+            join_request(&b, &token, "gpu-b"),
+        ];
+        let second = [
+            join_request(&shared, &token, "gpu-shared"),
+            join_request(&c, &token, "gpu-c"),
+            join_request(&d, &token, "gpu-d"),
+        ];
+        let services = &s.server.services;
+        let (first, second) =
+            futures::join!(services.join_many(&first), services.join_many(&second));
+
+        let answers: Vec<_> = first.iter().chain(&second).collect();
+        let admitted: Vec<&IssuedIdentity> = answers
+            .iter()
+            .filter_map(|answer| answer.as_ref().ok())
+            .collect();
+        assert_eq!(admitted.len(), USES, "{:?}", joined_or_codes(&first));
+        for refusal in answers.iter().filter_map(|answer| answer.as_ref().err()) {
+            assert_eq!(refusal.code(), "UNAUTHENTICATED", "{}", refusal.message());
+            assert!(
+                refusal.message().contains("used up"),
+                "{}",
+                refusal.message()
+            );
+        }
+        let shared_nodes: BTreeSet<&str> = [&first[0], &second[0]]
+            .into_iter()
+            .filter_map(|answer| answer.as_ref().ok())
+            .map(|issued| issued.node_id.as_str())
+            .collect();
+        assert!(
+            shared_nodes.len() <= 1,
+            "the shared machine is one node: {shared_nodes:?}"
+        );
+        let nodes: BTreeSet<&str> = admitted
+            .iter()
+            .map(|issued| issued.node_id.as_str())
+            .collect();
+        assert_eq!(
+            raw_daemon::node_count(s).await,
+            nodes_before + nodes.len() as u64
+        );
+        assert_eq!(token_uses(s, &token).await, USES as i64);
     })
     .await;
 }

@@ -173,9 +173,10 @@ async fn every_refused_join_says_why_and_creates_nothing() {
     .await;
 }
 
-/// Joins through one token wait for its row only at their end, where the locked row is
-/// checked again: of joins sent at once, exactly as many as the token has uses left get
-/// in, and the others are refused as used up, having created nothing.
+/// Joins sent at once reach the gateway's join batches together: a batch needing more uses
+/// than the token has left is written a join at a time, each counting its use on the token's
+/// locked row, so exactly as many as the token has uses left get in, and the others are
+/// refused as used up, having created nothing. (`batched_writes` races two batches.)
 #[tokio::test]
 async fn concurrent_joins_spend_a_token_exactly_to_its_last_use() {
     const USES: i64 = 2;
@@ -206,9 +207,10 @@ async fn concurrent_joins_spend_a_token_exactly_to_its_last_use() {
     .await;
 }
 
-/// A daemon that retries a slow join sends its machine's joins at once: they go one at a
-/// time (the lock on the machine's hardware key), so the first creates the node and the
-/// others take it back, rather than each inserting a node with the one key.
+/// A daemon that retries a slow join sends its machine's joins at once: they go one after
+/// the other (rounds of a batch, or batches waiting on the machine's hardware key lock), so
+/// the first creates the node and the others take it back, rather than each inserting a node
+/// with the one key.
 #[tokio::test]
 async fn a_machine_joining_several_times_at_once_is_one_node() {
     const JOINS: usize = 4;

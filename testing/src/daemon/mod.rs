@@ -101,18 +101,26 @@ impl DaemonError {
 
     /// A failure of the daemon's own configuration or identity (its gateway URL, CA, keys,
     /// a revoked identity, a second daemon on one state directory): no retry mends it.
+    /// Every variant is named, so that a new one must be placed.
     fn is_configuration_or_identity(&self) -> bool {
-        matches!(
-            self,
+        match self {
             DaemonError::BadGatewayUrl { .. }
-                | DaemonError::Ca(_)
-                | DaemonError::CaFingerprintMismatch { .. }
-                | DaemonError::Pem(_)
-                | DaemonError::Key(_)
-                | DaemonError::Verifier(_)
-                | DaemonError::IdentityRevoked(_)
-                | DaemonError::AlreadyRunning
-        )
+            | DaemonError::Ca(_)
+            | DaemonError::CaFingerprintMismatch { .. }
+            | DaemonError::Pem(_)
+            | DaemonError::Key(_)
+            | DaemonError::Verifier(_)
+            | DaemonError::IdentityRevoked(_)
+            | DaemonError::AlreadyRunning => true,
+            DaemonError::Tls(_)
+            | DaemonError::Http(_)
+            | DaemonError::Refused { .. }
+            | DaemonError::BadAnswer { .. }
+            | DaemonError::WebSocket(_)
+            | DaemonError::Io(_)
+            | DaemonError::Timeout(_)
+            | DaemonError::Protocol(_) => false,
+        }
     }
 
     /// What kind of failure this is, for a fleet's count of errors by kind.

@@ -4,8 +4,11 @@
 use bc_core::ids::NodeId;
 use bc_entity::{node, node_enrolled_identifier};
 use sea_orm::ActiveValue::Set;
+use sea_orm::sea_query::Expr;
 use sea_orm::{ColumnTrait, Condition, ConnectionTrait, EntityTrait, QueryFilter, QuerySelect};
 use std::collections::{BTreeMap, BTreeSet};
+
+use super::batch_shapes::one_of;
 
 /// Identifiers by kind.
 pub type Identifiers = BTreeMap<String, BTreeSet<String>>;
@@ -45,15 +48,19 @@ pub async fn sharing_any(
     if identifiers.is_empty() {
         return Ok(Vec::new());
     }
+    // Every list is one of a few shapes (`batch_shapes`): a batch of joins asks with the
+    // identifiers of up to 256 machines.
+    let backend = conn.get_database_backend();
     let mut any = Condition::any();
     for (kind, values) in identifiers {
         any = any.add(
             Condition::all()
                 .add(node_enrolled_identifier::Column::Kind.eq(kind.as_str()))
-                .add(
-                    node_enrolled_identifier::Column::Value
-                        .is_in(values.iter().map(String::as_str)),
-                ),
+                .add(one_of(
+                    Expr::col(node_enrolled_identifier::Column::Value),
+                    &values.iter().collect::<Vec<_>>(),
+                    backend,
+                )),
         );
     }
     let node_ids: Vec<String> = node_enrolled_identifier::Entity::find()
@@ -70,13 +77,17 @@ pub async fn sharing_any(
     let live: Vec<String> = node::Entity::find()
         .select_only()
         .column(node::Column::Id)
-        .filter(node::Column::Id.is_in(node_ids))
+        .filter(one_of(Expr::col(node::Column::Id), &node_ids, backend))
         .filter(node::Column::DeletedAt.is_null())
         .into_tuple()
         .all(conn)
         .await?;
     let rows = node_enrolled_identifier::Entity::find()
-        .filter(node_enrolled_identifier::Column::NodeId.is_in(live))
+        .filter(one_of(
+            Expr::col(node_enrolled_identifier::Column::NodeId),
+            &live,
+            backend,
+        ))
         .all(conn)
         .await?;
     let mut by_node: BTreeMap<String, Identifiers> = BTreeMap::new();

@@ -91,37 +91,26 @@ const HARDWARE_KEY_LOCK_CLASS: i32 = 0x6268_6b79;
 /// of trusted keys; with the lock, the second finds the first's node and takes it back.
 /// SQLite's write transaction holds the whole database already.
 ///
-/// A batch of joins locks its machines in one round trip, in the order of the keys' hashes,
-/// so that two transactions locking overlapping sets never wait on each other in a cycle. The hashes are sorted in a materialized CTE, which a scan returns in
-/// the order it was written; the locks are taken as the outer query reads it.
+/// A batch of joins locks all its machines in one statement, in the order of the keys'
+/// hashes, so that two transactions locking overlapping sets never wait on each other in a
+/// cycle: the hashes are sorted in a materialized CTE, whose scan returns them in the order
+/// they were written, and the locks are taken as the outer query reads them.
 pub async fn lock_hardware_keys(conn: &impl ConnectionTrait, keys: &[&str]) -> anyhow::Result<()> {
     if conn.get_database_backend() != DbBackend::Postgres || keys.is_empty() {
         return Ok(());
     }
-    for run in keys.chunks(HARDWARE_KEYS_PER_LOCK_STATEMENT) {
-        let placeholders: Vec<String> = (0..run.len()).map(|i| format!("(${})", i + 2)).collect();
-        let sql = format!(
-            "WITH keys AS MATERIALIZED (SELECT DISTINCT hashtext(key) AS hash FROM (VALUES {}) AS given(key) ORDER BY hash) \
-             SELECT pg_advisory_xact_lock($1, hash) FROM keys",
-            placeholders.join(", ")
-        );
-        let mut values: Vec<sea_orm::Value> = vec![HARDWARE_KEY_LOCK_CLASS.into()];
-        values.extend(run.iter().map(|key| (*key).into()));
-        conn.execute_raw(sea_orm::Statement::from_sql_and_values(
-            DbBackend::Postgres,
-            sql,
-            values,
-        ))
-        .await?;
-    }
+    // One array parameter, so that every batch is one SQL text (`batch_shapes`).
+    let keys: Vec<String> = keys.iter().map(|key| (*key).to_owned()).collect();
+    conn.execute_raw(sea_orm::Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        "WITH keys AS MATERIALIZED (SELECT DISTINCT hashtext(key) AS hash \
+         FROM unnest($2::text[]) AS given(key) ORDER BY hash) \
+         SELECT pg_advisory_xact_lock($1, hash) FROM keys",
+        [HARDWARE_KEY_LOCK_CLASS.into(), keys.into()],
+    ))
+    .await?;
     Ok(())
 }
-
-/// The most hardware keys one statement of [`lock_hardware_keys`] locks: a batch of joins holds
-/// at most 256 (`gateway::write_batches`), so this is one statement in practice. Runs of keys
-/// are each in hash order, and a batch larger than one run could close a cycle with another;
-/// PostgreSQL would then refuse one of the two, and its joins be written one at a time.
-const HARDWARE_KEYS_PER_LOCK_STATEMENT: usize = 1_000;
 
 /// [`lock`], on every backend, and whether the node exists.
 pub async fn lock_existing(conn: &impl ConnectionTrait, id: &NodeId) -> anyhow::Result<bool> {
@@ -508,12 +497,12 @@ pub async fn insert(conn: &impl ConnectionTrait, node: &NodeRecord) -> anyhow::R
     write_children(conn, &[(None, node)]).await
 }
 
-/// Writes new nodes and their children: a statement per run of [`NODE_WRITE_RUN`] nodes and
-/// one per child table in use (a batch of joins).
+/// Writes new nodes and their children (a batch of joins): a statement per run of nodes
+/// ([`runs`] of at most [`NODE_WRITE_RUN`]) and per run of each child table's rows.
 pub async fn insert_many(conn: &impl ConnectionTrait, nodes: &[NodeRecord]) -> anyhow::Result<()> {
-    for run in nodes.chunks(NODE_WRITE_RUN) {
+    for run in runs(nodes.iter().collect(), NODE_WRITE_RUN) {
         let rows = run
-            .iter()
+            .into_iter()
             .map(rows::node_row)
             .collect::<anyhow::Result<Vec<_>>>()?;
         node::Entity::insert_many(rows)
@@ -526,7 +515,7 @@ pub async fn insert_many(conn: &impl ConnectionTrait, nodes: &[NodeRecord]) -> a
 }
 
 /// The most nodes one statement of [`save_many`] writes (a power of two: [`runs`]): a node row
-/// binds 34 parameters, and SQLite binds at most 32,766 to a statement.
+/// binds 41 parameters, and SQLite binds at most 32,766 to a statement.
 const NODE_WRITE_RUN: usize = 256;
 /// The most child rows one insert of [`write_children`] writes: a condition row, the widest,
 /// binds 10 parameters.
@@ -701,7 +690,11 @@ pub async fn by_trusted_hardware_keys(
             .select_only()
             .column(node::Column::Id)
             .column(node::Column::HardwareKey)
-            .filter(node::Column::HardwareKey.is_in(run.iter().copied()))
+            .filter(one_of(
+                Expr::col(node::Column::HardwareKey),
+                run,
+                conn.get_database_backend(),
+            ))
             .filter(node::Column::HardwareKeyTrusted.eq(true))
             .filter(node::Column::DeletedAt.is_null())
             .into_tuple()
