@@ -442,3 +442,49 @@ where
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::written;
+    use crate::error::{ApiError, ApiResult};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A batch of the gateway's writes that found no database connection answers every
+    /// request `UNAVAILABLE` at once, without writing them one at a time (each would wait as
+    /// long again); one that failed otherwise is written again a request at a time.
+    #[tokio::test]
+    async fn a_busy_database_answers_the_whole_batch_unavailable_at_once() {
+        let writes = AtomicUsize::new(0);
+        let answers: Vec<ApiResult<()>> = written("testing", &[1, 2, 3], |_| {
+            writes.fetch_add(1, Ordering::Relaxed);
+            async { Err(ApiError::Unavailable("no connection in time".into())) }
+        })
+        .await;
+        let codes: Vec<&str> = answers
+            .iter()
+            .map(|answer| answer.as_ref().map_or_else(|err| err.code(), |()| "OK"))
+            .collect();
+        assert_eq!(codes, ["UNAVAILABLE"; 3]);
+        assert_eq!(writes.load(Ordering::Relaxed), 1, "tried once, as a whole");
+
+        let writes = AtomicUsize::new(0);
+        let answers: Vec<ApiResult<()>> = written("testing", &[1, 2, 3], |batch: &[i32]| {
+            writes.fetch_add(1, Ordering::Relaxed);
+            let whole = batch.len() > 1;
+            async move {
+                if whole {
+                    Err(ApiError::Internal(anyhow::anyhow!("one request's data")))
+                } else {
+                    Ok(vec![Ok(())])
+                }
+            }
+        })
+        .await;
+        assert!(answers.iter().all(Result::is_ok));
+        assert_eq!(
+            writes.load(Ordering::Relaxed),
+            4,
+            "the batch, then each of its 3"
+        );
+    }
+}

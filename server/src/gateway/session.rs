@@ -727,4 +727,23 @@ mod tests {
             "a session's future is {size} bytes, over {BUDGET_BYTES}: box what it awaits that is large"
         );
     }
+
+    /// A session ended by a failure on the server's side tells its daemon which: a busy
+    /// database (`UNAVAILABLE`) or anything else, with the close code that says reconnect.
+    #[test]
+    fn a_server_fault_closes_saying_whether_the_database_was_busy() {
+        use crate::error::ApiError;
+        use bc_core::protocol::close;
+        let busy = super::Ending::server_fault(&ApiError::Unavailable("no connection".into()));
+        let broken = super::Ending::server_fault(&ApiError::Internal(anyhow::anyhow!("bug")));
+        assert_eq!(
+            (busy.reason.as_str(), broken.reason.as_str()),
+            (close::DATABASE_BUSY, close::INTERNAL_ERROR)
+        );
+        assert_eq!(
+            (busy.code, broken.code),
+            (super::close_code::ERROR, super::close_code::ERROR)
+        );
+        assert!(busy.goodbye && broken.goodbye);
+    }
 }
