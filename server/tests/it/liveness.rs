@@ -2,10 +2,10 @@
 //! the server's `ManualClock`; each test stops the background loop and calls `tick()`.
 
 use bc_core::Actor;
-use bc_core::axes::{Adapter, Connectivity, ProvisionState, Role, Trust};
+use bc_core::axes::{Connectivity, ProvisionState};
 use bc_core::event::{EventType, RecordedEvent};
 use bc_core::ids::{NodeId, PoolId, SiteId};
-use bc_core::node::{NewNode, NodeRecord};
+use bc_core::node::NodeRecord;
 use bc_core::reason::ReasonKey;
 use bc_entity::{event, node_session};
 use bc_testing::{TestServer, each_backend};
@@ -22,6 +22,8 @@ use sea_orm::ActiveValue::Set;
 use sea_orm::sea_query::Expr;
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder};
 use serde_json::json;
+
+use crate::common::{node_record, now};
 use std::collections::BTreeMap;
 
 const GRACE: Duration = Duration::seconds(40);
@@ -33,10 +35,6 @@ fn config() -> LivenessConfig {
         enabled: false,
         ..LivenessConfig::default()
     }
-}
-
-fn now(s: &TestServer) -> DateTime<Utc> {
-    bc_core::clock::Clock::now(&s.clock)
 }
 
 /// A Liveness controller on the test server's services, with the server's own loop stopped
@@ -55,34 +53,10 @@ async fn site(s: &TestServer) -> (SiteId, PoolId) {
 }
 
 /// An adopted host in `site`, `connected` since now.
-fn connected_node(s: &TestServer, (site, pool): &(SiteId, PoolId)) -> NodeRecord {
-    let mut node = NodeRecord::new(
-        NewNode {
-            hostname: format!("gpu-{}.example.com", uuid_suffix()),
-            site_id: site.clone(),
-            pool_id: Some(pool.clone()),
-            owner_tenant_id: None,
-            role: Role::Host,
-            trust: Trust::Platform,
-            adapter: Adapter::BcdV1,
-            drivers: BTreeMap::new(),
-            provision_state: ProvisionState::Adopted,
-        },
-        now(s),
-    )
-    .expect("a valid node");
+fn connected_node(s: &TestServer, site: &(SiteId, PoolId)) -> NodeRecord {
+    let mut node = node_record(s, site, ProvisionState::Adopted);
     node.connectivity = Connectivity::Connected;
     node
-}
-
-fn uuid_suffix() -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
 }
 
 /// `count` connected nodes in `site`, each with an open session that heartbeated now.
