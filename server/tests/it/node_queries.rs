@@ -1561,8 +1561,9 @@ async fn create_site_and_create_pool_refuse_bad_input() {
 }
 
 /// A node's child rows (labels, taints, conditions with and without a proof, reasons) are
-/// read back as written, for one node and for a page of several: they come back from one
-/// `UNION ALL` of the four tables, whose columns share generic slots.
+/// read back as written, for one node and for a page of several: they come back as JSON
+/// columns of the node's own row, which each backend renders its way (booleans, timestamps,
+/// JSON in JSON).
 #[tokio::test]
 async fn child_rows_load_back_as_written_one_node_or_many() {
     each_backend(async |s| {

@@ -10,10 +10,10 @@ use bc_entity::{
     command, node, node_condition, node_inventory_section, node_label, node_no_schedule_reason,
     node_taint,
 };
-use sea_orm::sea_query::{Expr, ExprTrait, Query};
+use sea_orm::sea_query::{Alias, Expr, ExprTrait, Query, SelectStatement};
 use sea_orm::{
-    ColumnTrait, Condition, ConnectionTrait, DbBackend, EntityTrait, QueryFilter, QueryOrder,
-    QuerySelect,
+    ColumnTrait, Condition, ConnectionTrait, DbBackend, EntityTrait, FromQueryResult, QueryFilter,
+    QueryOrder, QueryResult, QuerySelect, QueryTrait,
 };
 use std::collections::HashMap;
 
@@ -33,36 +33,25 @@ pub async fn load(
         .remove(id))
 }
 
-/// Reads several nodes, keyed by id, in two statements per [`CHILD_LOAD_CHUNK`] nodes (the
-/// rows, then their child rows); ids that name no node are left out. `for_update` locks the
-/// rows in id order until the transaction ends (PostgreSQL; the lock order of
-/// ARCHITECTURE.md's Invariants). Deleted nodes are returned too.
+/// Reads several nodes, keyed by id, in one statement per [`IDS_PER_STATEMENT`] nodes (each
+/// row with its children, [`with_children`]); ids that name no node are left out.
+/// `for_update` first locks the rows in id order until the transaction ends (PostgreSQL; the
+/// lock order of ARCHITECTURE.md's Invariants), so the read that follows sees each node as
+/// its last writer left it. Deleted nodes are returned too.
 pub async fn load_many(
     conn: &impl ConnectionTrait,
     ids: &[NodeId],
     for_update: bool,
 ) -> anyhow::Result<HashMap<NodeId, NodeRecord>> {
+    if for_update {
+        lock_many(conn, ids).await?;
+    }
     let mut sorted: Vec<String> = ids.iter().map(ToString::to_string).collect();
     sorted.sort();
     sorted.dedup();
     let mut loaded = HashMap::with_capacity(sorted.len());
-    for chunk in sorted.chunks(CHILD_LOAD_CHUNK) {
-        let mut select = node::Entity::find()
-            .filter(one_of(
-                Expr::col(node::Column::Id),
-                chunk,
-                conn.get_database_backend(),
-            ))
-            .order_by_asc(node::Column::Id);
-        if for_update {
-            select = super::lock_for_update(select, conn);
-        }
-        let rows = select.all(conn).await?;
-        let found: Vec<String> = rows.iter().map(|row| row.id.clone()).collect();
-        let mut children = load_children(conn, &found).await?;
-        for row in rows {
-            let kids = children.remove(&row.id).unwrap_or_default();
-            let record = rows::node_record(row, kids)?;
+    for chunk in sorted.chunks(IDS_PER_STATEMENT) {
+        for record in read_by_ids(conn, chunk).await? {
             loaded.insert(record.id.clone(), record);
         }
     }
@@ -259,234 +248,183 @@ pub async fn lock_many(conn: &impl ConnectionTrait, ids: &[NodeId]) -> anyhow::R
     Ok(())
 }
 
-/// How many nodes' child rows one statement of [`load_children`] asks for: each id is bound
-/// once per child table, and the backends bound a statement's parameters (SQLite 32,766).
-const CHILD_LOAD_CHUNK: usize = 1000;
+/// How many node ids (or hardware keys) one statement binds, in [`load_many`] and the other
+/// statements about many nodes: the backends bound a statement's parameters (SQLite 32,766).
+const IDS_PER_STATEMENT: usize = 1000;
 
-/// The child rows (labels, taints, conditions, reasons) of several nodes, in one statement per
-/// [`CHILD_LOAD_CHUNK`] nodes: the four tables' rows as one `UNION ALL`, each row tagged with
-/// its table. Loading a node is what every node change starts with, mostly inside a write
-/// transaction, and on SQLite each statement is a round trip to the database's thread while
-/// every other writer waits: a statement for each table made a node's load five of them.
-///
-/// A node's labels come as one row, a JSON array of `[key, value]` pairs: inventory gives
-/// every node about twenty, and row by row they were three quarters of the rows a page of
-/// nodes read, each decoded column by column (and on SQLite each sent alone from the
-/// database's thread).
-async fn load_children(
+/// The nodes of `ids` (fewer where an id names no node), in id order, each with its children.
+async fn read_by_ids(
     conn: &impl ConnectionTrait,
     ids: &[String],
-) -> anyhow::Result<HashMap<String, NodeChildren>> {
-    let mut by_node: HashMap<String, NodeChildren> = HashMap::new();
-    for chunk in ids.chunks(CHILD_LOAD_CHUNK) {
-        let query = children_of(chunk, conn.get_database_backend());
-        for row in conn.query_all(&query).await? {
-            let node_id: String = row.try_get("", child::NODE_ID)?;
-            let kind: String = row.try_get("", child::KIND)?;
-            let text = |slot: &str| -> anyhow::Result<String> {
-                row.try_get::<Option<String>>("", slot)?
-                    .ok_or_else(|| anyhow!("corrupt row: {kind} {node_id} has no {slot}"))
-            };
-            let time = |slot: &str| -> anyhow::Result<chrono::DateTime<chrono::Utc>> {
-                row.try_get::<Option<chrono::DateTime<chrono::Utc>>>("", slot)?
-                    .ok_or_else(|| anyhow!("corrupt row: {kind} {node_id} has no {slot}"))
-            };
-            let children = by_node.entry(node_id.clone()).or_default();
-            match kind.as_str() {
-                child::CONDITION => children.conditions.push(node_condition::Model {
-                    condition_type: text(child::TEXT[0])?,
-                    status: text(child::TEXT[1])?,
-                    reason: text(child::TEXT[2])?,
-                    message: text(child::TEXT[3])?,
-                    set_by: text(child::TEXT[4])?,
-                    no_schedule: row.try_get::<Option<bool>>("", child::FLAG)?.ok_or_else(
-                        || anyhow!("corrupt row: condition of {node_id} has no flag"),
-                    )?,
-                    last_transition_at: time(child::TIME[0])?,
-                    updated_at: time(child::TIME[1])?,
-                    proof: row.try_get("", child::JSON)?,
-                    node_id,
-                }),
-                child::TAINT => children.taints.push(node_taint::Model {
-                    key: text(child::TEXT[0])?,
-                    value: text(child::TEXT[1])?,
-                    effect: text(child::TEXT[2])?,
-                    added_by: text(child::TEXT[3])?,
-                    added_at: time(child::TIME[0])?,
-                    node_id,
-                }),
-                child::LABELS => {
-                    let pairs: Vec<(String, String)> = row
-                        .try_get::<Option<serde_json::Value>>("", child::JSON)?
-                        .map(serde_json::from_value)
-                        .transpose()
-                        .map_err(|e| anyhow!("corrupt row: labels of {node_id}: {e}"))?
-                        .unwrap_or_default();
-                    children
-                        .labels
-                        .extend(pairs.into_iter().map(|(key, value)| node_label::Model {
-                            key,
-                            value,
-                            node_id: node_id.clone(),
-                        }));
-                }
-                child::REASON => children.reasons.push(node_no_schedule_reason::Model {
-                    reason: text(child::TEXT[0])?,
-                    set_by: text(child::TEXT[1])?,
-                    detail: text(child::TEXT[2])?,
-                    since: time(child::TIME[0])?,
-                    node_id,
-                }),
-                other => return Err(anyhow!("unknown child row kind `{other}`")),
-            }
-        }
-    }
-    Ok(by_node)
+) -> anyhow::Result<Vec<NodeRecord>> {
+    let select = node::Entity::find()
+        .filter(one_of(
+            Expr::col(node::Column::Id),
+            ids,
+            conn.get_database_backend(),
+        ))
+        .order_by_asc(node::Column::Id);
+    read_records(conn, select).await
 }
 
-/// The result columns of [`children_of`]: each table's columns in generic slots, by type
-/// (labels, aggregated, only in the JSON slot).
-mod child {
-    pub const KIND: &str = "child_kind";
-    pub const NODE_ID: &str = "child_node_id";
-    pub const TEXT: [&str; 5] = ["child_t1", "child_t2", "child_t3", "child_t4", "child_t5"];
-    pub const FLAG: &str = "child_flag";
-    pub const TIME: [&str; 2] = ["child_at1", "child_at2"];
-    pub const JSON: &str = "child_json";
-    pub const CONDITION: &str = "condition";
-    pub const TAINT: &str = "taint";
-    /// A node's labels, all in one row (see [`super::load_children`]).
-    pub const LABELS: &str = "labels";
-    pub const REASON: &str = "reason";
+/// Runs a select of node rows with [`with_children`] and makes each row a record.
+async fn read_records(
+    conn: &impl ConnectionTrait,
+    select: sea_orm::Select<node::Entity>,
+) -> anyhow::Result<Vec<NodeRecord>> {
+    let query = with_children(select.into_query(), conn.get_database_backend());
+    conn.query_all(&query)
+        .await?
+        .iter()
+        .map(|row| {
+            let node = node::Model::from_query_result(row, "")?;
+            let children = children_in(row, &node.id)?;
+            rows::node_record(node, children)
+        })
+        .collect()
 }
 
-/// The `UNION ALL` of [`load_children`]. Conditions come first because they fill every slot:
-/// the first member's columns give the result its types (PostgreSQL resolves the other
-/// members' `NULL`s to them, SQLite reports them as the columns' declared types).
-fn children_of(ids: &[String], backend: DbBackend) -> sea_orm::sea_query::SelectStatement {
-    use sea_orm::sea_query::{Alias, UnionType};
-    fn member<E: EntityTrait>(
-        entity: E,
-        kind: &str,
-        node_id: E::Column,
-        slots: [Option<Expr>; 9],
-        ids: &[String],
-        backend: DbBackend,
-    ) -> sea_orm::sea_query::SelectStatement {
-        let names = child::TEXT
-            .iter()
-            .chain([&child::FLAG])
-            .chain(child::TIME.iter())
-            .chain([&child::JSON]);
-        let mut select = Query::select();
-        select
-            .expr_as(Expr::val(kind), Alias::new(child::KIND))
-            .expr_as(Expr::col(node_id), Alias::new(child::NODE_ID));
-        for (slot, name) in slots.into_iter().zip(names) {
-            select.expr_as(
-                slot.unwrap_or_else(|| Expr::cust("NULL")),
-                Alias::new(*name),
-            );
-        }
-        select
-            .from(entity)
-            .and_where(one_of(Expr::col(node_id), ids, backend));
-        select
-    }
-    use node_condition::Column as C;
-    use node_label::Column as L;
-    use node_no_schedule_reason::Column as R;
-    use node_taint::Column as T;
-    let c = |column: C| Some(Expr::col(column));
-    let t = |column: T| Some(Expr::col(column));
-    let r = |column: R| Some(Expr::col(column));
-    let mut query = member(
-        node_condition::Entity,
-        child::CONDITION,
-        C::NodeId,
-        [
-            c(C::ConditionType),
-            c(C::Status),
-            c(C::Reason),
-            c(C::Message),
-            c(C::SetBy),
-            c(C::NoSchedule),
-            c(C::LastTransitionAt),
-            c(C::UpdatedAt),
-            c(C::Proof),
-        ],
-        ids,
-        backend,
-    );
-    let taints = member(
-        node_taint::Entity,
-        child::TAINT,
-        T::NodeId,
-        [
-            t(T::Key),
-            t(T::Value),
-            t(T::Effect),
-            t(T::AddedBy),
-            None,
-            None,
-            t(T::AddedAt),
-            None,
-            None,
-        ],
-        ids,
-        backend,
-    );
-    // Each node's labels as one JSON array of `[key, value]` pairs, in the JSON slot, whose
-    // type the conditions' `proof` gives: `jsonb` on PostgreSQL (so `jsonb_agg`: a `json`
-    // member would not unite with it), JSON text on SQLite. A node without labels has no row.
-    let label_pairs = match backend {
-        DbBackend::Postgres => r#"jsonb_agg(jsonb_build_array("key", "value"))"#,
+/// `select` (of node rows) with each node's child rows (labels, taints, conditions, reasons)
+/// as four more columns, each a JSON array of the table's rows as arrays of their columns,
+/// by correlated subqueries. A page of 100 nodes is then 100 rows, where a statement of each
+/// table's rows (or their `UNION ALL`) was about 700: a fleet's nodes have six conditions and
+/// twenty labels each, every row was decoded column by column, and on SQLite each row was
+/// handed from the database's thread to the caller's alone, which was most of a page's time.
+/// Read in one statement, a node and its children also come from one snapshot.
+///
+/// Not for a locking read: PostgreSQL rereads a row it had to wait for at its newest version,
+/// but runs the subqueries against the statement's snapshot, so the children could be older
+/// than the row. Callers that lock take the locks first, in a statement of their own.
+fn with_children(mut select: SelectStatement, backend: DbBackend) -> SelectStatement {
+    let sets = match backend {
+        DbBackend::Postgres => &CHILD_SETS_POSTGRES,
         // SQLite, the store's only other backend.
-        _ => r#"json_group_array(json_array("key", "value"))"#,
+        _ => &CHILD_SETS_SQLITE,
     };
-    let mut labels = member(
-        node_label::Entity,
-        child::LABELS,
-        L::NodeId,
-        [
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            Some(Expr::cust(label_pairs)),
-        ],
-        ids,
-        backend,
+    for (alias, subquery) in CHILD_SET_COLUMNS.iter().zip(sets) {
+        select.expr_as(Expr::cust(*subquery), Alias::new(*alias));
+    }
+    select
+}
+
+/// The columns [`with_children`] adds: labels, taints, conditions, reasons.
+const CHILD_SET_COLUMNS: [&str; 4] = [
+    "child_labels",
+    "child_taints",
+    "child_conditions",
+    "child_reasons",
+];
+
+/// [`with_children`]'s subqueries on PostgreSQL. `json_agg` of no rows is `NULL`, an empty set.
+/// Cast to text, they decode like SQLite's; `json` renders a timestamp in RFC 3339.
+const CHILD_SETS_POSTGRES: [&str; 4] = [
+    r#"(SELECT json_agg(json_build_array(l."key", l."value"))::text FROM "node_labels" AS l WHERE l."node_id" = "nodes"."id")"#,
+    r#"(SELECT json_agg(json_build_array(t."key", t."value", t."effect", t."added_by", t."added_at"))::text FROM "node_taints" AS t WHERE t."node_id" = "nodes"."id")"#,
+    r#"(SELECT json_agg(json_build_array(c."condition_type", c."status", c."reason", c."message", c."set_by", c."no_schedule", c."last_transition_at", c."updated_at", c."proof"))::text FROM "node_conditions" AS c WHERE c."node_id" = "nodes"."id")"#,
+    r#"(SELECT json_agg(json_build_array(r."reason", r."set_by", r."detail", r."since"))::text FROM "node_no_schedule_reasons" AS r WHERE r."node_id" = "nodes"."id")"#,
+];
+
+/// [`with_children`]'s subqueries on SQLite, which stores a boolean as 0 or 1 (made JSON's
+/// `true` or `false` here), a timestamp as RFC 3339 text, and JSON as text (`json(…)` embeds
+/// it as JSON, not as a string).
+const CHILD_SETS_SQLITE: [&str; 4] = [
+    r#"(SELECT json_group_array(json_array(l."key", l."value")) FROM "node_labels" AS l WHERE l."node_id" = "nodes"."id")"#,
+    r#"(SELECT json_group_array(json_array(t."key", t."value", t."effect", t."added_by", t."added_at")) FROM "node_taints" AS t WHERE t."node_id" = "nodes"."id")"#,
+    r#"(SELECT json_group_array(json_array(c."condition_type", c."status", c."reason", c."message", c."set_by", json(iif(c."no_schedule", 'true', 'false')), c."last_transition_at", c."updated_at", json(c."proof"))) FROM "node_conditions" AS c WHERE c."node_id" = "nodes"."id")"#,
+    r#"(SELECT json_group_array(json_array(r."reason", r."set_by", r."detail", r."since")) FROM "node_no_schedule_reasons" AS r WHERE r."node_id" = "nodes"."id")"#,
+];
+
+/// The child rows [`with_children`] put in `row`, as the tables' models.
+fn children_in(row: &QueryResult, node_id: &str) -> anyhow::Result<NodeChildren> {
+    use chrono::{DateTime, Utc};
+    type Label = (String, String);
+    type Taint = (String, String, String, String, DateTime<Utc>);
+    type ConditionCells = (
+        String,
+        String,
+        String,
+        String,
+        String,
+        bool,
+        DateTime<Utc>,
+        DateTime<Utc>,
+        Option<serde_json::Value>,
     );
-    labels.group_by_col(L::NodeId);
-    let reasons = member(
-        node_no_schedule_reason::Entity,
-        child::REASON,
-        R::NodeId,
-        [
-            r(R::Reason),
-            r(R::SetBy),
-            r(R::Detail),
-            None,
-            None,
-            None,
-            r(R::Since),
-            None,
-            None,
-        ],
-        ids,
-        backend,
-    );
-    query.unions([
-        (UnionType::All, taints),
-        (UnionType::All, labels),
-        (UnionType::All, reasons),
-    ]);
-    query
+    type Reason = (String, String, String, DateTime<Utc>);
+    fn set<T: serde::de::DeserializeOwned>(
+        row: &QueryResult,
+        column: &str,
+        node_id: &str,
+    ) -> anyhow::Result<Vec<T>> {
+        let Some(text) = row.try_get::<Option<String>>("", column)? else {
+            return Ok(Vec::new());
+        };
+        serde_json::from_str(&text).map_err(|e| anyhow!("corrupt rows: {column} of {node_id}: {e}"))
+    }
+    let [labels, taints, conditions, reasons] = CHILD_SET_COLUMNS;
+    let node = || node_id.to_owned();
+    Ok(NodeChildren {
+        labels: set::<Label>(row, labels, node_id)?
+            .into_iter()
+            .map(|(key, value)| node_label::Model {
+                key,
+                value,
+                node_id: node(),
+            })
+            .collect(),
+        taints: set::<Taint>(row, taints, node_id)?
+            .into_iter()
+            .map(
+                |(key, value, effect, added_by, added_at)| node_taint::Model {
+                    key,
+                    value,
+                    effect,
+                    added_by,
+                    added_at,
+                    node_id: node(),
+                },
+            )
+            .collect(),
+        conditions: set::<ConditionCells>(row, conditions, node_id)?
+            .into_iter()
+            .map(
+                |(
+                    condition_type,
+                    status,
+                    reason,
+                    message,
+                    set_by,
+                    no_schedule,
+                    last_transition_at,
+                    updated_at,
+                    proof,
+                )| node_condition::Model {
+                    condition_type,
+                    status,
+                    reason,
+                    message,
+                    set_by,
+                    no_schedule,
+                    last_transition_at,
+                    updated_at,
+                    proof,
+                    node_id: node(),
+                },
+            )
+            .collect(),
+        reasons: set::<Reason>(row, reasons, node_id)?
+            .into_iter()
+            .map(
+                |(reason, set_by, detail, since)| node_no_schedule_reason::Model {
+                    reason,
+                    set_by,
+                    detail,
+                    since,
+                    node_id: node(),
+                },
+            )
+            .collect(),
+    })
 }
 
 /// Writes a new node and its children.
@@ -572,7 +510,7 @@ pub async fn save_many(
 }
 
 /// Rewrites each child table of the nodes whose contents there changed (`before` is `None`
-/// for a new node, which has no rows yet): one delete per [`CHILD_LOAD_CHUNK`] nodes already
+/// for a new node, which has no rows yet): one delete per [`IDS_PER_STATEMENT`] nodes already
 /// stored and an insert per run of at most [`CHILD_WRITE_RUN`] rows, per table.
 async fn write_children(
     conn: &impl ConnectionTrait,
@@ -648,7 +586,7 @@ where
     E: EntityTrait,
     A: sea_orm::ActiveModelTrait<Entity = E> + Send,
 {
-    for ids in replaced.cleared.chunks(CHILD_LOAD_CHUNK) {
+    for ids in replaced.cleared.chunks(IDS_PER_STATEMENT) {
         E::delete_many()
             .filter(one_of(Expr::col(node_id), ids, conn.get_database_backend()))
             .exec(conn)
@@ -685,7 +623,7 @@ pub async fn by_trusted_hardware_keys(
     keys: &[&str],
 ) -> anyhow::Result<HashMap<String, NodeId>> {
     let mut found = HashMap::new();
-    for run in keys.chunks(CHILD_LOAD_CHUNK) {
+    for run in keys.chunks(IDS_PER_STATEMENT) {
         let rows: Vec<(String, Option<String>)> = node::Entity::find()
             .select_only()
             .column(node::Column::Id)
@@ -721,11 +659,9 @@ pub async fn list(
 }
 
 /// [`list`] inside a write transaction: the nodes are locked `FOR SHARE` (PostgreSQL), in id
-/// order, until the transaction ends. A write transaction reads committed data statement by
-/// statement, so without the lock a node changed between the read of its row and of its
-/// child rows would be torn (and reported as corrupt); with it, no node changes under the
-/// caller's checks until it commits. Node rows come first in the lock order of
-/// ARCHITECTURE.md's Invariants.
+/// order, until the transaction ends, and then read, so no node changes under the caller's
+/// checks until it commits. Node rows come first in the lock order of ARCHITECTURE.md's
+/// Invariants.
 pub async fn list_locked(
     conn: &impl ConnectionTrait,
     filter: &NodeFilter,
@@ -815,19 +751,23 @@ async fn list_where(
     if let Some(after) = after {
         select = select.filter(node::Column::Id.gt(after));
     }
-    let mut select = select.order_by_asc(node::Column::Id).limit(limit);
-    if lock && conn.get_database_backend() == sea_orm::DbBackend::Postgres {
-        select = select.lock_shared();
+    let select = select.order_by_asc(node::Column::Id).limit(limit);
+    if lock && conn.get_database_backend() == DbBackend::Postgres {
+        // The locks first, then the read (see `with_children`).
+        let ids: Vec<String> = select
+            .select_only()
+            .column(node::Column::Id)
+            .lock_shared()
+            .into_tuple()
+            .all(conn)
+            .await?;
+        let mut records = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(IDS_PER_STATEMENT) {
+            records.extend(read_by_ids(conn, chunk).await?);
+        }
+        return Ok(records);
     }
-    let rows = select.all(conn).await?;
-    let ids: Vec<String> = rows.iter().map(|r| r.id.clone()).collect();
-    let mut children = load_children(conn, &ids).await?;
-    rows.into_iter()
-        .map(|row| {
-            let kids = children.remove(&row.id).unwrap_or_default();
-            rows::node_record(row, kids)
-        })
-        .collect()
+    read_records(conn, select).await
 }
 
 /// Live nodes in `states` whose spec generation is still 0 (id and version), at most `limit`:
