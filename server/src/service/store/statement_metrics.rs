@@ -1,8 +1,8 @@
 //! Statements per second by kind and caller, for profiling: every statement the store runs is
 //! counted in `bc_db_statements_total{statement, caller}` and timed in
-//! `bc_db_statement_seconds{statement}`, where the kind is its verb and first table (`select
-//! nodes`, `update node_sessions`) and the caller is the part of the server whose work ran it
-//! (`gateway.hello`, `controller.lifecycle`, `api`: [`attributed`]).
+//! `bc_db_statement_seconds{statement}`, where the kind is its verb and the table it is about
+//! (`select nodes`, `update node_sessions`) and the caller is the part of the server whose work
+//! ran it (`gateway.hello`, `controller.lifecycle`, `api`: [`attributed`]).
 //! Reading the counter's rate from `/metrics` while a fleet comes up or a benchmark runs says
 //! which part of the code keeps the database busy, next to the per-thread CPU and `perf`
 //! (README: "Profiling").
@@ -27,33 +27,72 @@ pub fn attributed<F: Future>(caller: &'static str, work: F) -> impl Future<Outpu
     CALLER.scope(caller, work)
 }
 
-/// The kind of a statement: its verb and the first table it names, lower case; at most a
-/// few dozen distinct values (verbs × tables), so they are safe as a metric label.
+/// The kind of a statement: its verb and the table it is about, lower case; at most a few
+/// dozen distinct values (verbs × tables), so they are safe as a metric label. The table is
+/// the first one named at the outermost level that names one: a select of nodes with a
+/// subquery of their labels in its columns is `select nodes`, a count over a subquery of
+/// `node_free_atoms` is `select node_free_atoms`. A `WITH` statement is named after the first
+/// table its first part reads.
 pub fn statement_kind(sql: &str) -> String {
-    let mut words = sql.split(|c: char| c.is_whitespace() || c == '(' || c == ',');
-    let Some(verb) = words.find(|w| !w.is_empty()) else {
+    let words = words_with_depth(sql);
+    let mut rest = words.iter().map(|(_, word)| *word);
+    let Some(verb) = rest.next() else {
         return "empty".to_owned();
     };
     let verb = verb.to_ascii_lowercase();
     // The word after which a statement of this verb names its table.
     let marker = match verb.as_str() {
-        "select" | "delete" => "from",
+        "select" | "delete" | "with" => "from",
         "insert" => "into",
-        "update" => return with_table(&verb, words.find(|w| !w.is_empty())),
-        "with" => "from",
+        "update" => return with_table(&verb, rest.next()),
         _ => return verb,
     };
-    let mut words = words.filter(|w| !w.is_empty());
-    while let Some(word) = words.next() {
-        if word.eq_ignore_ascii_case(marker) {
-            match words.next() {
-                // `FROM (SELECT …)`: the table is the subquery's.
-                Some(next) if next.eq_ignore_ascii_case("select") => continue,
-                table => return with_table(&verb, table),
+    // Each table the marker names, with its depth; a marker followed by a subquery (a word
+    // deeper than the marker) names none.
+    let tables = words.windows(2).filter_map(|pair| {
+        let [(depth, word), (next_depth, next)] = pair else {
+            return None;
+        };
+        (word.eq_ignore_ascii_case(marker) && next_depth == depth).then_some((*depth, *next))
+    });
+    let table = if verb == "with" {
+        tables.map(|(_, table)| table).next()
+    } else {
+        tables
+            .min_by_key(|(depth, _)| *depth)
+            .map(|(_, table)| table)
+    };
+    match table {
+        Some(table) => with_table(&verb, Some(table)),
+        None => verb,
+    }
+}
+
+/// The words of `sql` (split at whitespace, commas and parentheses), each with how many
+/// parentheses enclose it.
+fn words_with_depth(sql: &str) -> Vec<(usize, &str)> {
+    let mut words = Vec::new();
+    let mut depth = 0usize;
+    let mut start = None;
+    for (at, c) in sql.char_indices() {
+        let separator = c.is_whitespace() || matches!(c, ',' | '(' | ')');
+        if separator {
+            if let Some(from) = start.take() {
+                words.push((depth, &sql[from..at]));
             }
+            match c {
+                '(' => depth += 1,
+                ')' => depth = depth.saturating_sub(1),
+                _ => {}
+            }
+        } else if start.is_none() {
+            start = Some(at);
         }
     }
-    verb
+    if let Some(from) = start {
+        words.push((depth, &sql[from..]));
+    }
+    words
 }
 
 fn with_table(verb: &str, table: Option<&str>) -> String {
@@ -94,7 +133,7 @@ mod tests {
     use super::statement_kind;
 
     #[test]
-    fn kinds_are_the_verb_and_the_first_table() {
+    fn kinds_are_the_verb_and_the_outermost_table() {
         for (sql, kind) in [
             (
                 r#"SELECT "nodes"."id" FROM "nodes" WHERE "id" = $1"#,
@@ -115,6 +154,14 @@ mod tests {
             (
                 r#"DELETE FROM "atom_bookings" WHERE x"#,
                 "delete atom_bookings",
+            ),
+            (
+                r#"SELECT "nodes"."id", (SELECT json_agg(l."key") FROM "node_labels" AS l WHERE l."node_id" = "nodes"."id") AS "child_labels" FROM "nodes" WHERE "id" = $1"#,
+                "select nodes",
+            ),
+            (
+                r#"WITH "keys" AS MATERIALIZED (SELECT "k" FROM "node_hardware" ORDER BY "k") SELECT 1 FROM "keys""#,
+                "with node_hardware",
             ),
             ("BEGIN IMMEDIATE", "begin"),
             ("COMMIT", "commit"),
