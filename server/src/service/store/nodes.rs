@@ -285,8 +285,8 @@ async fn read_records(
 }
 
 /// `select` (of node rows) with each node's child rows (labels, taints, conditions, reasons)
-/// as four more columns, each a JSON array of the table's rows as arrays of their columns,
-/// by correlated subqueries. A page of 100 nodes is then 100 rows, where a statement of each
+/// as four more columns, by correlated subqueries: the labels a JSON object of their values
+/// by key, the others each a JSON array of the table's rows as arrays of their columns. A page of 100 nodes is then 100 rows, where a statement of each
 /// table's rows (or their `UNION ALL`) was about 700: a fleet's nodes have six conditions and
 /// twenty labels each, every row was decoded column by column, and on SQLite each row was
 /// handed from the database's thread to the caller's alone, which was most of a page's time.
@@ -315,10 +315,12 @@ const CHILD_SET_COLUMNS: [&str; 4] = [
     "child_reasons",
 ];
 
-/// [`with_children`]'s subqueries on PostgreSQL. `json_agg` of no rows is `NULL`, an empty set.
-/// Cast to text, they decode like SQLite's; `json` renders a timestamp in RFC 3339.
+/// [`with_children`]'s subqueries on PostgreSQL. An aggregate of no rows is `NULL`, an empty
+/// set. Cast to text, they decode like SQLite's; `json` renders a timestamp in RFC 3339. The
+/// labels are an object because `json_object_agg` builds it in half the time `json_agg` takes
+/// over an array per label (2.6 against 4.7 ms for a page of 100 nodes of 21 labels).
 const CHILD_SETS_POSTGRES: [&str; 4] = [
-    r#"(SELECT json_agg(json_build_array(l."key", l."value"))::text FROM "node_labels" AS l WHERE l."node_id" = "nodes"."id")"#,
+    r#"(SELECT json_object_agg(l."key", l."value")::text FROM "node_labels" AS l WHERE l."node_id" = "nodes"."id")"#,
     r#"(SELECT json_agg(json_build_array(t."key", t."value", t."effect", t."added_by", t."added_at"))::text FROM "node_taints" AS t WHERE t."node_id" = "nodes"."id")"#,
     r#"(SELECT json_agg(json_build_array(c."condition_type", c."status", c."reason", c."message", c."set_by", c."no_schedule", c."last_transition_at", c."updated_at", c."proof"))::text FROM "node_conditions" AS c WHERE c."node_id" = "nodes"."id")"#,
     r#"(SELECT json_agg(json_build_array(r."reason", r."set_by", r."detail", r."since"))::text FROM "node_no_schedule_reasons" AS r WHERE r."node_id" = "nodes"."id")"#,
@@ -328,7 +330,7 @@ const CHILD_SETS_POSTGRES: [&str; 4] = [
 /// `true` or `false` here), a timestamp as RFC 3339 text, and JSON as text (`json(…)` embeds
 /// it as JSON, not as a string).
 const CHILD_SETS_SQLITE: [&str; 4] = [
-    r#"(SELECT json_group_array(json_array(l."key", l."value")) FROM "node_labels" AS l WHERE l."node_id" = "nodes"."id")"#,
+    r#"(SELECT json_group_object(l."key", l."value") FROM "node_labels" AS l WHERE l."node_id" = "nodes"."id")"#,
     r#"(SELECT json_group_array(json_array(t."key", t."value", t."effect", t."added_by", t."added_at")) FROM "node_taints" AS t WHERE t."node_id" = "nodes"."id")"#,
     r#"(SELECT json_group_array(json_array(c."condition_type", c."status", c."reason", c."message", c."set_by", json(iif(c."no_schedule", 'true', 'false')), c."last_transition_at", c."updated_at", json(c."proof"))) FROM "node_conditions" AS c WHERE c."node_id" = "nodes"."id")"#,
     r#"(SELECT json_group_array(json_array(r."reason", r."set_by", r."detail", r."since")) FROM "node_no_schedule_reasons" AS r WHERE r."node_id" = "nodes"."id")"#,
@@ -337,7 +339,6 @@ const CHILD_SETS_SQLITE: [&str; 4] = [
 /// The child rows [`with_children`] put in `row`, as the tables' models.
 fn children_in(row: &QueryResult, node_id: &str) -> anyhow::Result<NodeChildren> {
     use chrono::{DateTime, Utc};
-    type Label = (String, String);
     type Taint = (String, String, String, String, DateTime<Utc>);
     type ConditionCells = (
         String,
@@ -351,20 +352,20 @@ fn children_in(row: &QueryResult, node_id: &str) -> anyhow::Result<NodeChildren>
         Option<serde_json::Value>,
     );
     type Reason = (String, String, String, DateTime<Utc>);
-    fn set<T: serde::de::DeserializeOwned>(
+    fn set<T: serde::de::DeserializeOwned + Default>(
         row: &QueryResult,
         column: &str,
         node_id: &str,
-    ) -> anyhow::Result<Vec<T>> {
+    ) -> anyhow::Result<T> {
         let Some(text) = row.try_get::<Option<String>>("", column)? else {
-            return Ok(Vec::new());
+            return Ok(T::default());
         };
         serde_json::from_str(&text).map_err(|e| anyhow!("corrupt rows: {column} of {node_id}: {e}"))
     }
     let [labels, taints, conditions, reasons] = CHILD_SET_COLUMNS;
     let node = || node_id.to_owned();
     Ok(NodeChildren {
-        labels: set::<Label>(row, labels, node_id)?
+        labels: set::<HashMap<String, String>>(row, labels, node_id)?
             .into_iter()
             .map(|(key, value)| node_label::Model {
                 key,
@@ -372,7 +373,7 @@ fn children_in(row: &QueryResult, node_id: &str) -> anyhow::Result<NodeChildren>
                 node_id: node(),
             })
             .collect(),
-        taints: set::<Taint>(row, taints, node_id)?
+        taints: set::<Vec<Taint>>(row, taints, node_id)?
             .into_iter()
             .map(
                 |(key, value, effect, added_by, added_at)| node_taint::Model {
@@ -385,7 +386,7 @@ fn children_in(row: &QueryResult, node_id: &str) -> anyhow::Result<NodeChildren>
                 },
             )
             .collect(),
-        conditions: set::<ConditionCells>(row, conditions, node_id)?
+        conditions: set::<Vec<ConditionCells>>(row, conditions, node_id)?
             .into_iter()
             .map(
                 |(
@@ -412,7 +413,7 @@ fn children_in(row: &QueryResult, node_id: &str) -> anyhow::Result<NodeChildren>
                 },
             )
             .collect(),
-        reasons: set::<Reason>(row, reasons, node_id)?
+        reasons: set::<Vec<Reason>>(row, reasons, node_id)?
             .into_iter()
             .map(
                 |(reason, set_by, detail, since)| node_no_schedule_reason::Model {
