@@ -1363,6 +1363,42 @@ async fn drain_cordons_and_keeps_draining_with_its_deadline_until_uncordon() {
     .await;
 }
 
+/// Two changes of one node at once, at the same version, are one change and one `CONFLICT`,
+/// never an internal error. On PostgreSQL the second waits for the first's lock and then reads
+/// the node as the first left it, its row and child rows alike: each adds a taint, which is a
+/// no-schedule reason in the row's column and a detail row, and a row read newer than its
+/// child rows would disagree with them (a corrupt node).
+#[tokio::test]
+async fn two_changes_of_one_node_at_once_are_one_change_and_one_conflict() {
+    each_backend(async |s| {
+        let place = crate::common::site_and_pool(s).await;
+        let operator = token(s, Role::Operator);
+        for round in 0..20 {
+            let before = fixture(s, &place, Adopted, plain, 1).await;
+            let id = id_of(&before);
+            let (race_a, race_b) = (json!({ "key": "race-a" }), json!({ "key": "race-b" }));
+            let (a, b) = tokio::join!(
+                call(s, Some(&operator), Mutation::Taint, id, 1, &race_a),
+                call(s, Some(&operator), Mutation::Taint, id, 1, &race_b),
+            );
+            let mut codes = [a.code(), b.code()];
+            codes.sort();
+            assert_eq!(
+                codes,
+                [None, Some("CONFLICT")],
+                "round {round} ({:?}): {:#} and {:#}",
+                s.backend,
+                a.body,
+                b.body
+            );
+            let after = node(s, id).await;
+            assert_eq!(after["version"], json!(2));
+            assert_eq!(after["taints"].as_array().map(Vec::len), Some(1));
+        }
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_no_schedule_taint_is_a_reason_with_what_clears_it_until_untainted() {
     /// Otherwise schedulable: converged, connected, adopted, platform host.

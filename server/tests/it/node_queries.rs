@@ -1663,6 +1663,82 @@ async fn child_rows_load_back_as_written_one_node_or_many() {
     .await;
 }
 
+/// Each child column reads back as its own: the children are rendered as JSON by the
+/// database and decoded by position, so two columns of one type swapped, a `false` flag, a
+/// timestamp's microseconds or text JSON must escape would be lost without a failing read.
+#[tokio::test]
+async fn child_columns_keep_their_own_values_through_json() {
+    each_backend(async |s| {
+        let place = crate::common::site_and_pool(s).await;
+        let by = Actor::Controller("test".into());
+        let first = s.clock.now() + chrono::Duration::microseconds(123_457);
+        let later = first + chrono::Duration::microseconds(654_321);
+        let text = "quote \" back\\slash\nnew\tline ☃ 😀 \u{1}";
+        let mut n = crate::common::node_record(s, &place, ProvisionState::Adopted);
+        let labels = BTreeMap::from([
+            ("example.com/rack".to_owned(), "r-7".to_owned()),
+            ("zone".to_owned(), "a.b-c_d".to_owned()),
+        ]);
+        n.update_labels(&labels, &[]).expect("labels");
+        n.set_condition(
+            "MemoryPressure",
+            ConditionStatus::False,
+            "Fine",
+            text,
+            false,
+            &by,
+            first,
+        )
+        .expect("a condition that does not keep work off");
+        n.set_condition(
+            "DiskPressure",
+            ConditionStatus::True,
+            "Full",
+            text,
+            true,
+            &by,
+            first,
+        )
+        .expect("a condition");
+        // The same status later: `updated_at` moves, `last_transition_at` stays.
+        n.set_condition(
+            "DiskPressure",
+            ConditionStatus::True,
+            "Full",
+            "still full",
+            true,
+            &by,
+            later,
+        )
+        .expect("the condition again");
+        n.taint(
+            "gpu",
+            "flaky",
+            bc_core::axes::TaintEffect::NoSchedule,
+            &by,
+            later,
+        )
+        .expect("a taint");
+        let disk = n
+            .conditions
+            .iter()
+            .find(|c| c.kind == "DiskPressure")
+            .expect("the condition");
+        assert_ne!(disk.last_transition_at, disk.updated_at);
+        assert!(n.conditions.iter().any(|c| !c.no_schedule));
+        s.insert_nodes(std::slice::from_ref(&n)).await;
+        let loaded = s
+            .server
+            .services
+            .node_record(&n.id)
+            .await
+            .expect("loading the node")
+            .expect("the node exists");
+        assert_eq!(loaded, n, "{:?}", s.backend);
+    })
+    .await;
+}
+
 /// A fleet that grew gets fresh planner statistics on PostgreSQL, by autovacuum's rule
 /// (BENCHMARKS.md: plans made while the tables were empty scanned 60,000 condition rows for
 /// a page of 100 nodes): the node table is analysed once enough of it changed, and is not

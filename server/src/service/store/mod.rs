@@ -218,10 +218,11 @@ impl Store {
         }
     }
 
-    /// Starts a read-only transaction: every query in it sees one snapshot, so a node read as
-    /// several rows (the node, its labels, taints, conditions and reasons) is never torn by a
-    /// write that commits in between. PostgreSQL: REPEATABLE READ; SQLite: a read transaction
-    /// in WAL mode is a snapshot already.
+    /// Starts a read-only transaction: every query in it sees one snapshot, so what a read
+    /// puts together from several statements (a page of nodes and their sessions, more nodes
+    /// than one statement reads) is never torn by a write that commits in between.
+    /// PostgreSQL: REPEATABLE READ; SQLite: a read transaction in WAL mode is a snapshot
+    /// already.
     pub async fn read(&self) -> Result<DatabaseTransaction, sea_orm::DbErr> {
         match self.backend() {
             DbBackend::Postgres => {

@@ -36,8 +36,9 @@ pub async fn load(
 /// Reads several nodes, keyed by id, in one statement per [`IDS_PER_STATEMENT`] nodes (each
 /// row with its children, [`with_children`]); ids that name no node are left out.
 /// `for_update` first locks the rows in id order until the transaction ends (PostgreSQL; the
-/// lock order of ARCHITECTURE.md's Invariants), so the read that follows sees each node as
-/// its last writer left it. Deleted nodes are returned too.
+/// lock order of ARCHITECTURE.md's Invariants), so the read that follows, a statement of its
+/// own at READ COMMITTED, sees each node as its last writer left it. Deleted nodes are
+/// returned too.
 pub async fn load_many(
     conn: &impl ConnectionTrait,
     ids: &[NodeId],
@@ -137,7 +138,7 @@ pub async fn generation_and_pool_of_each(
     ids: &[NodeId],
 ) -> anyhow::Result<HashMap<NodeId, (i64, Option<bc_core::ids::PoolId>)>> {
     let mut found = HashMap::with_capacity(ids.len());
-    for chunk in ids.chunks(1_000) {
+    for chunk in ids.chunks(IDS_PER_STATEMENT) {
         let rows = node::Entity::find()
             .select_only()
             .column(node::Column::Id)
@@ -185,7 +186,7 @@ pub async fn trusted_hardware_key_holders(
     keys: &[String],
 ) -> anyhow::Result<HashMap<String, NodeId>> {
     let mut holders = HashMap::new();
-    for chunk in keys.chunks(1_000) {
+    for chunk in keys.chunks(IDS_PER_STATEMENT) {
         let rows = node::Entity::find()
             .select_only()
             .column(node::Column::HardwareKey)
@@ -230,7 +231,7 @@ pub async fn lock_many(conn: &impl ConnectionTrait, ids: &[NodeId]) -> anyhow::R
     }
     let mut sorted: Vec<String> = ids.iter().map(ToString::to_string).collect();
     sorted.sort();
-    for chunk in sorted.chunks(1_000) {
+    for chunk in sorted.chunks(IDS_PER_STATEMENT) {
         let select = node::Entity::find()
             .select_only()
             .column(node::Column::Id)
@@ -286,15 +287,16 @@ async fn read_records(
 
 /// `select` (of node rows) with each node's child rows (labels, taints, conditions, reasons)
 /// as four more columns, by correlated subqueries: the labels a JSON object of their values
-/// by key, the others each a JSON array of the table's rows as arrays of their columns. A page of 100 nodes is then 100 rows, where a statement of each
-/// table's rows (or their `UNION ALL`) was about 700: a fleet's nodes have six conditions and
-/// twenty labels each, every row was decoded column by column, and on SQLite each row was
-/// handed from the database's thread to the caller's alone, which was most of a page's time.
-/// Read in one statement, a node and its children also come from one snapshot.
+/// by key, the others each a JSON array of the table's rows as arrays of their columns. A
+/// node is then one row, decoded once, and its children come from the row's snapshot
+/// (BENCHMARKS.md: "A page of nodes in one statement"). The subqueries name the outer table
+/// `"nodes"`, so `select` must not alias it: an alias would fail only when the statement runs.
 ///
 /// Not for a locking read: PostgreSQL rereads a row it had to wait for at its newest version,
 /// but runs the subqueries against the statement's snapshot, so the children could be older
-/// than the row. Callers that lock take the locks first, in a statement of their own.
+/// than the row. Callers that lock take the locks first, in a statement of their own; the
+/// read after it sees what the last writer committed because write transactions run at READ
+/// COMMITTED, where each statement takes a new snapshot (at REPEATABLE READ it would not).
 fn with_children(mut select: SelectStatement, backend: DbBackend) -> SelectStatement {
     let sets = match backend {
         DbBackend::Postgres => &CHILD_SETS_POSTGRES,
@@ -315,8 +317,9 @@ const CHILD_SET_COLUMNS: [&str; 4] = [
     "child_reasons",
 ];
 
-/// [`with_children`]'s subqueries on PostgreSQL. An aggregate of no rows is `NULL`, an empty
-/// set. Cast to text, they decode like SQLite's; `json` renders a timestamp in RFC 3339. The
+/// [`with_children`]'s subqueries on PostgreSQL. An aggregate over no rows is `NULL`, which
+/// [`children_in`] reads as no rows (SQLite's gives `[]` or `{}`). Cast to text, they decode
+/// like SQLite's; `json` renders a timestamp in RFC 3339. The
 /// labels are an object because `json_object_agg` builds it in half the time `json_agg` takes
 /// over an array per label (2.6 against 4.7 ms for a page of 100 nodes of 21 labels).
 const CHILD_SETS_POSTGRES: [&str; 4] = [

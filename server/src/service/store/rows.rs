@@ -54,7 +54,7 @@ fn string_map(
 }
 
 /// The child rows of one node.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug)]
 pub struct NodeChildren {
     pub labels: Vec<node_label::Model>,
     pub taints: Vec<node_taint::Model>,

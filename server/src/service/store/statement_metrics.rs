@@ -27,16 +27,19 @@ pub fn attributed<F: Future>(caller: &'static str, work: F) -> impl Future<Outpu
     CALLER.scope(caller, work)
 }
 
-/// The kind of a statement: its verb and the table it is about, lower case; at most a few
-/// dozen distinct values (verbs × tables), so they are safe as a metric label. The table is
-/// the first one named at the outermost level that names one: a select of nodes with a
-/// subquery of their labels in its columns is `select nodes`, a count over a subquery of
-/// `node_free_atoms` is `select node_free_atoms`. A `WITH` statement is named after the first
-/// table its first part reads.
+/// The kind of a statement: its verb and the table it is about, lower case, and `for update`
+/// or `for share` for a statement that locks the rows it reads (their time is mostly waiting);
+/// at most a few dozen distinct values (verbs × tables), so they are safe as a metric label.
+/// The table is the first one named at the outermost level that names one: a select of nodes
+/// with a subquery of their labels in its columns is `select nodes`, a count over a subquery
+/// of `node_free_atoms` is `select node_free_atoms`. A `WITH` statement is named after the
+/// first table any part of it reads from.
+///
+/// It runs for every statement, some of them multi-row writes of thousands of words, so it
+/// reads words lazily and stops as soon as it knows.
 pub fn statement_kind(sql: &str) -> String {
-    let words = words_with_depth(sql);
-    let mut rest = words.iter().map(|(_, word)| *word);
-    let Some(verb) = rest.next() else {
+    let mut words = WordsWithDepth::new(sql).peekable();
+    let Some((verb_depth, verb)) = words.next() else {
         return "empty".to_owned();
     };
     let verb = verb.to_ascii_lowercase();
@@ -44,55 +47,87 @@ pub fn statement_kind(sql: &str) -> String {
     let marker = match verb.as_str() {
         "select" | "delete" | "with" => "from",
         "insert" => "into",
-        "update" => return with_table(&verb, rest.next()),
+        "update" => return with_table(&verb, words.next().map(|(_, word)| word)),
         _ => return verb,
     };
-    // Each table the marker names, with its depth; a marker followed by a subquery (a word
-    // deeper than the marker) names none.
-    let tables = words.windows(2).filter_map(|pair| {
-        let [(depth, word), (next_depth, next)] = pair else {
-            return None;
+    let mut shallowest: Option<(usize, &str)> = None;
+    while let Some((depth, word)) = words.next() {
+        if !word.eq_ignore_ascii_case(marker) {
+            continue;
+        }
+        // A marker followed by a subquery (a word deeper than the marker) names no table.
+        let Some(&(next_depth, table)) = words.peek() else {
+            break;
         };
-        (word.eq_ignore_ascii_case(marker) && next_depth == depth).then_some((*depth, *next))
-    });
-    let table = if verb == "with" {
-        tables.map(|(_, table)| table).next()
-    } else {
-        tables
-            .min_by_key(|(depth, _)| *depth)
-            .map(|(_, table)| table)
-    };
-    match table {
-        Some(table) => with_table(&verb, Some(table)),
-        None => verb,
+        if next_depth != depth {
+            continue;
+        }
+        // Nothing is shallower than the verb, so a table named at its depth is the answer.
+        if verb == "with" || depth <= verb_depth {
+            shallowest = Some((depth, table));
+            break;
+        }
+        if shallowest.is_none_or(|(found, _)| depth < found) {
+            shallowest = Some((depth, table));
+        }
+    }
+    let kind = with_table(&verb, shallowest.map(|(_, table)| table));
+    match locking_clause(sql) {
+        Some(lock) => format!("{kind} {lock}"),
+        None => kind,
     }
 }
 
-/// The words of `sql` (split at whitespace, commas and parentheses), each with how many
+/// `for update` or `for share` if `sql` ends with that locking clause.
+fn locking_clause(sql: &str) -> Option<&'static str> {
+    let sql = sql.trim_end().as_bytes();
+    ["for update", "for share"].into_iter().find(|clause| {
+        sql.len() > clause.len()
+            && sql[sql.len() - clause.len()..].eq_ignore_ascii_case(clause.as_bytes())
+            && sql[sql.len() - clause.len() - 1].is_ascii_whitespace()
+    })
+}
+
+/// The words of a statement (split at whitespace, commas and parentheses), each with how many
 /// parentheses enclose it.
-fn words_with_depth(sql: &str) -> Vec<(usize, &str)> {
-    let mut words = Vec::new();
-    let mut depth = 0usize;
-    let mut start = None;
-    for (at, c) in sql.char_indices() {
-        let separator = c.is_whitespace() || matches!(c, ',' | '(' | ')');
-        if separator {
-            if let Some(from) = start.take() {
-                words.push((depth, &sql[from..at]));
-            }
-            match c {
-                '(' => depth += 1,
-                ')' => depth = depth.saturating_sub(1),
-                _ => {}
-            }
-        } else if start.is_none() {
-            start = Some(at);
+struct WordsWithDepth<'a> {
+    sql: &'a str,
+    at: usize,
+    depth: usize,
+}
+
+impl<'a> WordsWithDepth<'a> {
+    fn new(sql: &'a str) -> Self {
+        WordsWithDepth {
+            sql,
+            at: 0,
+            depth: 0,
         }
     }
-    if let Some(from) = start {
-        words.push((depth, &sql[from..]));
+}
+
+impl<'a> Iterator for WordsWithDepth<'a> {
+    type Item = (usize, &'a str);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let separator = |c: char| c.is_whitespace() || matches!(c, ',' | '(' | ')');
+        let rest = &self.sql[self.at..];
+        for (offset, c) in rest.char_indices() {
+            if !separator(c) {
+                let word = &rest[offset..];
+                let len = word.find(separator).unwrap_or(word.len());
+                self.at += offset + len;
+                return Some((self.depth, &word[..len]));
+            }
+            match c {
+                '(' => self.depth += 1,
+                ')' => self.depth = self.depth.saturating_sub(1),
+                _ => {}
+            }
+        }
+        self.at = self.sql.len();
+        None
     }
-    words
 }
 
 fn with_table(verb: &str, table: Option<&str>) -> String {
@@ -162,6 +197,23 @@ mod tests {
             (
                 r#"WITH "keys" AS MATERIALIZED (SELECT "k" FROM "node_hardware" ORDER BY "k") SELECT 1 FROM "keys""#,
                 "with node_hardware",
+            ),
+            (
+                r#"UPDATE "node_sessions" SET "last_seen" = v."at" FROM (VALUES ($1, $2)) AS v ("id", "at") WHERE "node_id" = v."id""#,
+                "update node_sessions",
+            ),
+            (
+                r#"INSERT INTO "events" ("seq") SELECT "seq" FROM "outbox""#,
+                "insert events",
+            ),
+            (r#"SELECT "x" FROM (VALUES (1), (2)) AS v ("x")"#, "select"),
+            (
+                r#"SELECT "nodes"."id" FROM "nodes" WHERE "nodes"."id" = ANY($1) ORDER BY "nodes"."id" ASC FOR UPDATE"#,
+                "select nodes for update",
+            ),
+            (
+                r#"SELECT "nodes"."id" FROM "nodes" ORDER BY "nodes"."id" ASC LIMIT $1 FOR SHARE"#,
+                "select nodes for share",
             ),
             ("BEGIN IMMEDIATE", "begin"),
             ("COMMIT", "commit"),
