@@ -1092,6 +1092,7 @@ impl MetalFleet {
                     filter.clone(),
                     after.as_deref(),
                     NODE_PAGE,
+                    better_compute::service::ChildSets::ALL,
                 )
                 .await
                 .map_err(|err| anyhow!("listing the pool's nodes: {}", err.message()))?;

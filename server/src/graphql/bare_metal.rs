@@ -226,7 +226,7 @@ pub struct BareMetalNode(DomainBareMetalNode);
 impl BareMetalNode {
     /// The node (the same view as `node(id)`).
     async fn node(&self) -> NodeDetail {
-        NodeDetail(self.0.node.clone())
+        NodeDetail::from(self.0.node.clone())
     }
 
     /// The `power` axis: as the Power controller last read it through the BMC.

@@ -57,7 +57,7 @@ impl MutationRoot {
             )
             .await?;
         Ok(CordonNodePayload {
-            node: NodeDetail(node),
+            node: NodeDetail::from(node),
         })
     }
 
@@ -83,7 +83,7 @@ impl MutationRoot {
             )
             .await?;
         Ok(ClearNodeConditionPayload {
-            node: NodeDetail(node),
+            node: NodeDetail::from(node),
         })
     }
 
@@ -98,7 +98,7 @@ impl MutationRoot {
             .uncordon_node(principal(ctx)?, &node_id(&input.id)?, input.version)
             .await?;
         Ok(UncordonNodePayload {
-            node: NodeDetail(node),
+            node: NodeDetail::from(node),
         })
     }
 
@@ -121,7 +121,7 @@ impl MutationRoot {
             )
             .await?;
         Ok(DrainNodePayload {
-            node: NodeDetail(node),
+            node: NodeDetail::from(node),
         })
     }
 
@@ -145,7 +145,7 @@ impl MutationRoot {
             )
             .await?;
         Ok(TaintNodePayload {
-            node: NodeDetail(node),
+            node: NodeDetail::from(node),
         })
     }
 
@@ -167,7 +167,7 @@ impl MutationRoot {
             )
             .await?;
         Ok(UntaintNodePayload {
-            node: NodeDetail(node),
+            node: NodeDetail::from(node),
         })
     }
 
@@ -192,7 +192,7 @@ impl MutationRoot {
             .label_node(principal(ctx)?, &id, input.version, &set, &input.remove)
             .await?;
         Ok(LabelNodePayload {
-            node: NodeDetail(node),
+            node: NodeDetail::from(node),
         })
     }
 
@@ -213,7 +213,7 @@ impl MutationRoot {
             )
             .await?;
         Ok(AdoptNodePayload {
-            node: NodeDetail(node),
+            node: NodeDetail::from(node),
         })
     }
 
@@ -236,7 +236,7 @@ impl MutationRoot {
             )
             .await?;
         Ok(RetireNodePayload {
-            node: NodeDetail(node),
+            node: NodeDetail::from(node),
         })
     }
 
@@ -258,7 +258,7 @@ impl MutationRoot {
             )
             .await?;
         Ok(TransitionNodePayload {
-            node: NodeDetail(node),
+            node: NodeDetail::from(node),
         })
     }
 
@@ -280,7 +280,7 @@ impl MutationRoot {
             )
             .await?;
         Ok(RevokeNodeIdentityPayload {
-            node: NodeDetail(node),
+            node: NodeDetail::from(node),
         })
     }
 
@@ -295,7 +295,7 @@ impl MutationRoot {
             .delete_node(principal(ctx)?, &node_id(&input.id)?, input.version)
             .await?;
         Ok(DeleteNodePayload {
-            node: NodeDetail(node),
+            node: NodeDetail::from(node),
         })
     }
 
@@ -329,7 +329,7 @@ impl MutationRoot {
             )
             .await?;
         Ok(EnrollNodePayload {
-            node: NodeDetail(node),
+            node: NodeDetail::from(node),
         })
     }
 

@@ -21,7 +21,7 @@ use crate::service::CommandFilter;
 use crate::service::EventFilter;
 use crate::service::catalog::{Page, PoolFilter};
 use crate::service::history::AsOf;
-use crate::service::{LabelSelector, NodeFilter};
+use crate::service::{ChildSets, LabelSelector, NodeFilter};
 
 /// The `Query` root (named so in the schema, as clients and tools expect).
 pub struct QueryRoot;
@@ -42,6 +42,27 @@ impl NodeListFields {
 }
 
 pub type NodeConnection = Connection<String, NodeDetail, NodeListFields>;
+
+/// The child sets of a node that the `nodes` field being resolved selects, through `edges {
+/// node }` or `nodes`, by name, alias or fragment: the page reads those and no others
+/// ([`ChildSets`]). A field under `@skip` or `@include` counts as selected, so the
+/// page may read a set it does not show, never the other way round.
+fn selected_child_sets(ctx: &Context<'_>) -> ChildSets {
+    let look_ahead = ctx.look_ahead();
+    let selected = |field: &str| {
+        look_ahead
+            .field("edges")
+            .field("node")
+            .field(field)
+            .exists()
+            || look_ahead.field("nodes").field(field).exists()
+    };
+    ChildSets {
+        labels: selected("labels"),
+        taints: selected("taints"),
+        conditions: selected("conditions"),
+    }
+}
 
 // Merged into the schema's `QueryRoot` (graphql/mod.rs), so its own name must differ.
 #[Object(name = "NodeQueryRoot")]
@@ -64,7 +85,9 @@ impl QueryRoot {
         #[graphql(desc = "The node's id (`node_…`).")] id: ID,
     ) -> async_graphql::Result<NodeDetail> {
         let id = parse_id(&id, NodeId::parse)?;
-        Ok(NodeDetail(services(ctx)?.node(principal(ctx)?, &id).await?))
+        Ok(NodeDetail::from(
+            services(ctx)?.node(principal(ctx)?, &id).await?,
+        ))
     }
 
     /// Nodes matching a filter, ordered by id, a page at a time.
@@ -92,19 +115,27 @@ impl QueryRoot {
         if let Some(after) = &after {
             NodeId::parse(after).map_err(ApiError::from)?;
         }
+        let sets = selected_child_sets(ctx);
         let page = services(ctx)?
-            .nodes(principal(ctx)?, filter.clone(), after.as_deref(), first)
+            .nodes(
+                principal(ctx)?,
+                filter.clone(),
+                after.as_deref(),
+                first,
+                sets,
+            )
             .await?;
         let mut connection = Connection::with_additional_fields(
             after.is_some(),
             page.has_next_page,
             NodeListFields { filter },
         );
-        connection.edges.extend(
-            page.nodes
-                .into_iter()
-                .map(|n| Edge::new(n.record.id.to_string(), NodeDetail(n))),
-        );
+        connection.edges.extend(page.nodes.into_iter().map(|n| {
+            Edge::new(
+                n.record.id.to_string(),
+                NodeDetail::with_child_sets(n, sets),
+            )
+        }));
         Ok(connection)
     }
 
@@ -324,7 +355,7 @@ impl QueryRoot {
                 .into());
             }
         };
-        Ok(NodeDetail(
+        Ok(NodeDetail::from(
             services(ctx)?
                 .node_as_of(principal(ctx)?, &id, as_of)
                 .await?,

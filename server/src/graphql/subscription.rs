@@ -18,7 +18,7 @@ use super::{page_size, parse_id, principal, services};
 use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::feed::{Feed, FeedEvent};
-use crate::service::NodeFilter;
+use crate::service::{ChildSets, NodeFilter};
 use crate::subscription_hubs::HubCursor;
 
 /// The `Subscription` root (named so in the schema, as clients and tools expect).
@@ -172,7 +172,7 @@ async fn node_change_stream(
                 };
                 let mut page_after: Option<String> = None;
                 loop {
-                    let page = match services.nodes(&principal, filter.clone(), page_after.as_deref(), SNAPSHOT_PAGE).await {
+                    let page = match services.nodes(&principal, filter.clone(), page_after.as_deref(), SNAPSHOT_PAGE, ChildSets::ALL).await {
                         Ok(page) => page,
                         Err(err) => { yield Err(err.into()); return; }
                     };
@@ -181,7 +181,7 @@ async fn node_change_stream(
                         yield Ok(NodeChange {
                             kind: NodeChangeKind::Snapshot,
                             cursor: ID(EventId(head).to_string()),
-                            node: NodeDetail(node),
+                            node: NodeDetail::from(node),
                             change: None,
                         });
                     }
@@ -223,7 +223,7 @@ async fn node_change_stream(
                     yield Ok(NodeChange {
                         kind: NodeChangeKind::Change,
                         cursor: ID(event.event.id.to_string()),
-                        node: NodeDetail(node.as_ref().clone()),
+                        node: NodeDetail::from(node.as_ref().clone()),
                         change: Some(axis_change(&event)),
                     });
                 }

@@ -9,7 +9,8 @@ use bc_core::view::NodeDetail as DomainNodeDetail;
 use chrono::{DateTime, Utc};
 
 use super::principal;
-use crate::service::Services;
+use crate::error::ApiError;
+use crate::service::{ChildSets, Services};
 
 /// Where a node is in its life. Moves only along `provisionStateTable`.
 #[derive(Enum, Copy, Clone, Eq, PartialEq, Debug)]
@@ -388,8 +389,45 @@ pub enum SchedulingCheck {
     NoReasons,
 }
 
-/// A node as the API shows it (the seed's `NodeDetail`).
-pub struct NodeDetail(pub DomainNodeDetail);
+/// A node as the API shows it (the seed's `NodeDetail`): the domain's view, and which of its
+/// record's child sets were read. A page of `nodes` reads only the sets its query selects
+/// ([`ChildSets`]); everything else shows whole records.
+pub struct NodeDetail {
+    view: DomainNodeDetail,
+    read: ChildSets,
+}
+
+impl From<DomainNodeDetail> for NodeDetail {
+    /// The view of a whole record.
+    fn from(view: DomainNodeDetail) -> NodeDetail {
+        NodeDetail {
+            view,
+            read: ChildSets::ALL,
+        }
+    }
+}
+
+impl NodeDetail {
+    /// The view of a record read with only the child sets `read`.
+    pub fn with_child_sets(view: DomainNodeDetail, read: ChildSets) -> NodeDetail {
+        NodeDetail { view, read }
+    }
+
+    /// `INTERNAL` unless the child set `name` was read: a set left out is empty in the record,
+    /// and showing it would show a node without labels (or taints, or conditions) that has
+    /// some. The `nodes` resolver reads every set its query selects, so this is a bug's
+    /// error, never a caller's.
+    fn read_or_refuse(&self, read: bool, name: &str) -> Result<(), ApiError> {
+        if read {
+            Ok(())
+        } else {
+            Err(ApiError::internal(anyhow::anyhow!(
+                "node `{}`: its {name} were not read for this page",
+                self.view.record.id
+            )))
+        }
+    }
+}
 
 /// A machine of the fleet (the seed's `NodeDetail`): its independent state axes, the
 /// reasons it may not take work, and whether it is schedulable. Change it with the node
@@ -398,23 +436,23 @@ pub struct NodeDetail(pub DomainNodeDetail);
 impl NodeDetail {
     /// The node's id (`node_…`), assigned when it joined or was enrolled; never reused.
     async fn id(&self) -> ID {
-        ID(self.0.record.id.to_string())
+        ID(self.view.record.id.to_string())
     }
     /// The machine's hostname, as it joined or was enrolled.
     async fn hostname(&self) -> &str {
-        &self.0.record.hostname
+        &self.view.record.hostname
     }
     /// The site the machine is in.
     async fn site_id(&self) -> ID {
-        ID(self.0.record.site_id.to_string())
+        ID(self.view.record.site_id.to_string())
     }
     /// The pool the machine belongs to; `null` for site agents and unassigned machines.
     async fn pool_id(&self) -> Option<ID> {
-        self.0.record.pool_id.as_ref().map(|p| ID(p.to_string()))
+        self.view.record.pool_id.as_ref().map(|p| ID(p.to_string()))
     }
     /// The tenant that owns the machine; `null` for the platform's own.
     async fn owner_tenant_id(&self) -> Option<ID> {
-        self.0
+        self.view
             .record
             .owner_tenant_id
             .as_ref()
@@ -422,58 +460,58 @@ impl NodeDetail {
     }
     /// What the node is for, decided by the kind of pool it joined.
     async fn role(&self) -> NodeRole {
-        self.0.record.role.into()
+        self.view.record.role.into()
     }
     /// What the node's hardware may be used for, decided by its site and lease.
     async fn trust(&self) -> Trust {
-        self.0.record.trust.into()
+        self.view.record.trust.into()
     }
     /// Whether the node's hardware key is trusted: at least two independent hardware
     /// identifiers survived, so a re-installed machine is recognised as the same node.
     async fn hardware_key_trusted(&self) -> bool {
-        self.0.record.hardware_key_trusted
+        self.view.record.hardware_key_trusted
     }
     /// The desired-state generation: bumped whenever the node's spec changes.
     async fn generation(&self) -> i64 {
-        self.0.record.generation
+        self.view.record.generation
     }
     /// The generation the node last reported converged; a node below 1 has not converged its
     /// first spec and is not schedulable.
     async fn observed_generation(&self) -> i64 {
-        self.0.record.observed_generation
+        self.view.record.observed_generation
     }
     /// Bumped whenever the node's identity is replaced; older certificates never work again.
     async fn identity_generation(&self) -> i64 {
-        self.0.record.identity_generation
+        self.view.record.identity_generation
     }
     /// Pass this to a mutation; a node that changed since is `CONFLICT`.
     async fn version(&self) -> i64 {
-        self.0.record.version
+        self.view.record.version
     }
     /// Where the node is in its life; changes only along `provisionStateTable`.
     async fn provision_state(&self) -> ProvisionState {
-        self.0.record.provision_state.into()
+        self.view.record.provision_state.into()
     }
     /// The state a failed workflow failed from; `recover` returns there.
     async fn failed_from(&self) -> Option<ProvisionState> {
-        self.0.record.failed_from.map(Into::into)
+        self.view.record.failed_from.map(Into::into)
     }
     /// In maintenance after a failed or aborted workflow, or health remediation that gave
     /// up: takes no work until it recovers.
     async fn maintenance(&self) -> bool {
-        self.0.record.maintenance
+        self.view.record.maintenance
     }
     /// Why the node is in maintenance, as the failing workflow or controller wrote it.
     async fn maintenance_reason(&self) -> Option<&str> {
-        self.0.record.maintenance_reason.as_deref()
+        self.view.record.maintenance_reason.as_deref()
     }
     /// An operator cordoned the node: no new work lands on it. Work already there stays.
     async fn cordoned(&self) -> bool {
-        self.0.record.cordon.is_some()
+        self.view.record.cordon.is_some()
     }
     /// Who cordoned the node, why and when.
     async fn cordon(&self) -> Option<CordonInfo> {
-        self.0.record.cordon.as_ref().map(|c| CordonInfo {
+        self.view.record.cordon.as_ref().map(|c| CordonInfo {
             reason: c.reason.clone(),
             by: c.by.to_string(),
             at: c.at,
@@ -481,23 +519,23 @@ impl NodeDetail {
     }
     /// A drain under way: when it started and when it gives up waiting for allocations.
     async fn drain(&self) -> Option<DrainInfo> {
-        self.0.record.drain.as_ref().map(|d| DrainInfo {
+        self.view.record.drain.as_ref().map(|d| DrainInfo {
             started_at: d.started_at,
             deadline: d.deadline,
         })
     }
     /// Whether the control plane can talk to the node's daemon.
     async fn connectivity(&self) -> Connectivity {
-        self.0.record.connectivity.into()
+        self.view.record.connectivity.into()
     }
     /// When `connectivity` last changed.
     async fn connectivity_since(&self) -> DateTime<Utc> {
-        self.0.record.connectivity_since
+        self.view.record.connectivity_since
     }
     /// Every reason the node must not receive new work (`taint:<key>`, `draining`,
     /// `unreachable`, or a NoSchedule condition's type such as `GpuCountMismatch`).
     async fn no_schedule_reasons(&self) -> Vec<String> {
-        self.0
+        self.view
             .record
             .no_schedule_reasons
             .iter()
@@ -506,7 +544,7 @@ impl NodeDetail {
     }
     /// The same reasons with who set them, since when, and what clears them.
     async fn no_schedule_reason_details(&self) -> Vec<NoScheduleReason> {
-        self.0
+        self.view
             .record
             .no_schedule_reasons
             .iter()
@@ -514,12 +552,15 @@ impl NodeDetail {
             .collect()
     }
     /// Key-value labels operators and inventory put on the node, to select nodes by.
-    async fn labels(&self) -> Vec<Label> {
-        self.0.record.labels.iter().map(Label::of).collect()
+    async fn labels(&self) -> async_graphql::Result<Vec<Label>> {
+        self.read_or_refuse(self.read.labels, "labels")?;
+        Ok(self.view.record.labels.iter().map(Label::of).collect())
     }
     /// Operator taints; each `NO_SCHEDULE` one keeps new work off the node.
-    async fn taints(&self) -> Vec<Taint> {
-        self.0
+    async fn taints(&self) -> async_graphql::Result<Vec<Taint>> {
+        self.read_or_refuse(self.read.taints, "taints")?;
+        Ok(self
+            .view
             .record
             .taints
             .iter()
@@ -530,11 +571,13 @@ impl NodeDetail {
                 added_by: t.added_by.to_string(),
                 added_at: t.added_at,
             })
-            .collect()
+            .collect())
     }
     /// Typed conditions that inventory, health checks, Liveness and acceptance report.
-    async fn conditions(&self) -> Vec<Condition> {
-        self.0
+    async fn conditions(&self) -> async_graphql::Result<Vec<Condition>> {
+        self.read_or_refuse(self.read.conditions, "conditions")?;
+        Ok(self
+            .view
             .record
             .conditions
             .iter()
@@ -550,16 +593,16 @@ impl NodeDetail {
                 clear_when: ClearRule::from(&bc_core::clear::ClearRule::for_condition(&c.kind)),
                 proof: c.proof.as_ref().map(|p| ConditionProof::of(&c.kind, p)),
             })
-            .collect()
+            .collect())
     }
     /// How many GPUs the last inventory reported (the pool's `expectedGpuCount` is what it
     /// should be).
     async fn gpu_count(&self) -> i32 {
-        self.0.record.gpu_count
+        self.view.record.gpu_count
     }
     /// The daemon's current gateway session, or its last one; `null` if it never connected.
     async fn session(&self) -> Option<Session> {
-        self.0.session.as_ref().map(|s| Session {
+        self.view.session.as_ref().map(|s| Session {
             epoch: s.epoch,
             gateway_id: s.gateway_id.clone(),
             connected_at: s.connected_at,
@@ -570,7 +613,7 @@ impl NodeDetail {
     /// Why the node is or is not schedulable: every failing check, and the capacity bucket
     /// of the first.
     async fn schedulability(&self) -> Schedulability {
-        let e = &self.0.schedulability;
+        let e = &self.view.schedulability;
         Schedulability {
             schedulable: e.schedulable,
             bucket: e.bucket.into(),
@@ -584,7 +627,7 @@ impl NodeDetail {
                 })
                 .collect(),
             reasons: self
-                .0
+                .view
                 .record
                 .no_schedule_reasons
                 .iter()
@@ -612,9 +655,9 @@ impl NodeDetail {
             .as_deref()
             .map(bc_core::ids::EventId::parse)
             .transpose()
-            .map_err(crate::error::ApiError::from)?;
+            .map_err(ApiError::from)?;
         let mut events = services
-            .node_events(principal, &self.0, before, first + 1)
+            .node_events(principal, &self.view, before, first + 1)
             .await?;
         let has_next = events.len() as u64 > first;
         events.truncate(first as usize);
@@ -623,7 +666,7 @@ impl NodeDetail {
             has_next,
             EventListFields {
                 filter: crate::service::EventFilter {
-                    node_ids: vec![self.0.record.id.clone()],
+                    node_ids: vec![self.view.record.id.clone()],
                     ..Default::default()
                 },
             },
@@ -640,7 +683,7 @@ impl NodeDetail {
         let services = ctx.data::<Services>()?;
         let principal = principal(ctx)?;
         Ok(services
-            .node_devices(principal, &self.0)
+            .node_devices(principal, &self.view)
             .await?
             .into_iter()
             .map(Device)
@@ -651,7 +694,7 @@ impl NodeDetail {
         &self,
         ctx: &Context<'_>,
     ) -> async_graphql::Result<Vec<super::placement::Allocation>> {
-        super::placement::node_allocations(ctx, &self.0.record.id).await
+        super::placement::node_allocations(ctx, &self.view.record.id).await
     }
     /// Commands sent to the node, newest first.
     #[graphql(complexity = "first.unwrap_or(100).max(1) as usize * child_complexity")]
@@ -669,7 +712,7 @@ impl NodeDetail {
         after: Option<String>,
     ) -> async_graphql::Result<CommandConnection> {
         let filter = crate::service::CommandFilter {
-            node_ids: vec![self.0.record.id.clone()],
+            node_ids: vec![self.view.record.id.clone()],
             statuses: status
                 .unwrap_or_default()
                 .into_iter()
@@ -688,7 +731,7 @@ impl NodeDetail {
         let services = ctx.data::<Services>()?;
         let principal = principal(ctx)?;
         Ok(services
-            .node_remediation_attempts(principal, &self.0)
+            .node_remediation_attempts(principal, &self.view)
             .await?
             .into_iter()
             .map(RemediationAttempt)
@@ -696,11 +739,11 @@ impl NodeDetail {
     }
     /// When the node joined or was enrolled.
     async fn created_at(&self) -> DateTime<Utc> {
-        self.0.record.created_at
+        self.view.record.created_at
     }
     /// When anything about the node last changed (its `version` changed with it).
     async fn updated_at(&self) -> DateTime<Utc> {
-        self.0.record.updated_at
+        self.view.record.updated_at
     }
 }
 

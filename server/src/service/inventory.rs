@@ -14,6 +14,7 @@ use super::Services;
 use super::node_changes::NodeChangeRequest;
 use super::store::inventory::SectionRow;
 use super::store::node_filter::NodeFilter;
+use super::store::nodes::ChildSets;
 use super::store::{WriteTxn, catalog, inventory, nodes};
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
@@ -83,7 +84,7 @@ impl Services {
         loop {
             let page = {
                 let read = self.store.read().await?;
-                nodes::list(&read, &filter, after.as_deref(), PAGE).await?
+                nodes::list(&read, &filter, after.as_deref(), PAGE, ChildSets::ALL).await?
             };
             let Some(last) = page.last() else {
                 break;

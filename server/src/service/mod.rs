@@ -45,6 +45,7 @@ pub use store::capacity::CapacityRow;
 pub use store::commands::CommandFilter;
 pub use store::events::EventFilter;
 pub use store::node_filter::{LabelSelector, NodeFilter};
+pub use store::nodes::ChildSets;
 pub use store::placement::{ModelCapacity, ReservationFilter};
 
 /// What every use case needs: storage, time, the CA, and this process's sessions.

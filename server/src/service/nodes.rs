@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use super::Services;
 use super::catalog::{Page, PoolFilter};
 use super::store::{WriteTxn, capacity, catalog, enrolled_identifiers, events, nodes, sessions};
-use super::{CapacityRow, NodeFilter};
+use super::{CapacityRow, ChildSets, NodeFilter};
 use crate::auth::{Principal, Role};
 use crate::error::{ApiError, ApiResult};
 
@@ -61,10 +61,11 @@ impl Services {
         mut filter: NodeFilter,
         after: Option<&str>,
         first: u64,
+        sets: ChildSets,
     ) -> ApiResult<NodePage> {
         filter.owner = principal.tenant.clone();
         let read = self.store.read().await?;
-        let mut records = nodes::list(&read, &filter, after, first + 1).await?;
+        let mut records = nodes::list(&read, &filter, after, first + 1, sets).await?;
         let has_next_page = records.len() as u64 > first;
         records.truncate(first as usize);
         Ok(NodePage {
@@ -84,7 +85,7 @@ impl Services {
             ..NodeFilter::default()
         };
         let read = self.store.read().await?;
-        let records = nodes::list(&read, &filter, None, ids.len() as u64).await?;
+        let records = nodes::list(&read, &filter, None, ids.len() as u64, ChildSets::ALL).await?;
         self.detail_of(&read, records).await
     }
 

@@ -23,6 +23,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use super::Services;
 use super::store::node_filter::NodeFilter;
+use super::store::nodes::ChildSets;
 use super::store::{WriteTxn, catalog, commands, events, nodes, placement, remediation};
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
@@ -88,7 +89,7 @@ impl Services {
         };
         let candidates = {
             let read = self.store.read().await?;
-            nodes::list(&read, &filter, None, limit).await?
+            nodes::list(&read, &filter, None, limit, ChildSets::ALL).await?
         };
         let mut policies: HashMap<PoolId, Option<RemediationPolicy>> = HashMap::new();
         for node in candidates {

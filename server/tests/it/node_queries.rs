@@ -18,6 +18,7 @@ use bc_testing::{Backend, TestServer, each_backend};
 use crate::common::{node_record, site_and_pool};
 use bc_entity::node_session;
 use better_compute::auth::Role as ApiRole;
+use better_compute::service::ChildSets;
 use sea_orm::{ActiveValue::Set, EntityTrait};
 use serde_json::{Value, json};
 use strum::IntoEnumIterator;
@@ -1639,26 +1640,126 @@ async fn child_rows_load_back_as_written_one_node_or_many() {
             tenant: None,
             expires_at: now + chrono::Duration::hours(1),
         };
-        let page = services
-            .nodes(
-                &admin,
-                better_compute::service::NodeFilter::default(),
-                None,
-                10,
-            )
-            .await
-            .expect("a page of nodes");
-        assert_eq!(page.nodes.len(), nodes.len());
-        for detail in &page.nodes {
-            let written = nodes
-                .iter()
-                .find(|n| n.id == detail.record.id)
-                .expect("a written node");
+        // Every combination of child sets: those named load back as written, the others
+        // are empty, and the reasons (which schedulability needs) are always read.
+        for combination in 0..8 {
+            let sets = ChildSets {
+                labels: combination & 1 != 0,
+                taints: combination & 2 != 0,
+                conditions: combination & 4 != 0,
+            };
+            let page = services
+                .nodes(
+                    &admin,
+                    better_compute::service::NodeFilter::default(),
+                    None,
+                    10,
+                    sets,
+                )
+                .await
+                .expect("a page of nodes");
+            assert_eq!(page.nodes.len(), nodes.len());
+            for detail in &page.nodes {
+                let mut expected = nodes
+                    .iter()
+                    .find(|n| n.id == detail.record.id)
+                    .expect("a written node")
+                    .clone();
+                if !sets.labels {
+                    expected.labels.clear();
+                }
+                if !sets.taints {
+                    expected.taints.clear();
+                }
+                if !sets.conditions {
+                    expected.conditions.clear();
+                }
+                assert_eq!(
+                    detail.record, expected,
+                    "a page's node loads back as written, with the sets {sets:?}"
+                );
+            }
+        }
+    })
+    .await;
+}
+
+/// A page of `nodes` reads the child sets its query selects, however it selects them: each
+/// of these answers with the node's labels, taints and conditions, none with an error (a set
+/// the look-ahead missed is refused as `INTERNAL`), and a page that selects none of them
+/// still answers its other fields.
+#[tokio::test]
+async fn a_page_shows_every_child_set_its_query_selects_by_any_path() {
+    each_backend(async |s| {
+        let place = crate::common::site_and_pool(s).await;
+        let by = Actor::Controller("test".into());
+        let now = s.clock.now();
+        let mut n = crate::common::node_record(s, &place, ProvisionState::Adopted);
+        n.update_labels(&BTreeMap::from([("rack".to_owned(), "r-1".to_owned())]), &[])
+            .expect("a label");
+        n.taint(
+            "gpu",
+            "flaky",
+            bc_core::axes::TaintEffect::NoSchedule,
+            &by,
+            now,
+        )
+        .expect("a taint");
+        n.set_condition(
+            "DiskPressure",
+            ConditionStatus::True,
+            "Full",
+            "the disk is full",
+            true,
+            &by,
+            now,
+        )
+        .expect("a condition");
+        s.insert_nodes(std::slice::from_ref(&n)).await;
+        let sets = "labels { key value } taints { key } conditions { type }";
+        let shapes = [
+            format!("{{ nodes(first: 10) {{ edges {{ node {{ {sets} }} }} }} }}"),
+            format!("{{ nodes(first: 10) {{ nodes {{ {sets} }} }} }}"),
+            format!("{{ nodes(first: 10) {{ nodes {{ ...Sets }} }} }} fragment Sets on NodeDetail {{ {sets} }}"),
+            format!("{{ nodes(first: 10) {{ edges {{ node {{ ... on NodeDetail {{ {sets} }} }} }} }} }}"),
+            format!("{{ nodes(first: 10) {{ ...Page }} }} fragment Page on NodeDetailConnection {{ edges {{ ...Edge }} }} fragment Edge on NodeDetailEdge {{ node {{ {sets} }} }}"),
+            "{ nodes(first: 10) { edges { node { l: labels { key value } t: taints { key } c: conditions { type } } } } }".to_owned(),
+            "{ nodes(first: 10) { edges { node { ... @include(if: true) { labels { key value } taints { key } conditions { type } } } } } }".to_owned(),
+        ];
+        for query in &shapes {
+            let response = s.gql(Some(s.admin_token()), query, json!({})).await;
+            let data = response.data();
+            let page = &data["nodes"];
+            let node = page["edges"][0]["node"]
+                .as_object()
+                .or_else(|| page["nodes"][0].as_object())
+                .unwrap_or_else(|| panic!("a node for {query}: {data}"));
+            let field = |name: &str, alias: &str| node.get(name).or_else(|| node.get(alias));
             assert_eq!(
-                &detail.record, written,
-                "a page's node loads back as written"
+                field("labels", "l"),
+                Some(&json!([{ "key": "rack", "value": "r-1" }])),
+                "{query}"
+            );
+            assert_eq!(field("taints", "t"), Some(&json!([{ "key": "gpu" }])), "{query}");
+            assert_eq!(
+                field("conditions", "c"),
+                Some(&json!([{ "type": "DiskPressure" }])),
+                "{query}"
             );
         }
+        let response = s
+            .gql(
+                Some(s.admin_token()),
+                "{ nodes(first: 10) { edges { node { hostname noScheduleReasons schedulability { schedulable } } } } }",
+                json!({}),
+            )
+            .await;
+        let node = &response.data()["nodes"]["edges"][0]["node"];
+        assert_eq!(node["hostname"], json!(n.hostname));
+        let reasons: Vec<String> = n.no_schedule_reasons.iter().map(|r| r.key.to_string()).collect();
+        assert!(!reasons.is_empty(), "the condition keeps work off the node");
+        assert_eq!(node["noScheduleReasons"], json!(reasons), "{node}");
+        assert_eq!(node["schedulability"]["schedulable"], json!(false), "{node}");
     })
     .await;
 }

@@ -52,7 +52,7 @@ pub async fn load_many(
     sorted.dedup();
     let mut loaded = HashMap::with_capacity(sorted.len());
     for chunk in sorted.chunks(IDS_PER_STATEMENT) {
-        for record in read_by_ids(conn, chunk).await? {
+        for record in read_by_ids(conn, chunk, ChildSets::ALL).await? {
             loaded.insert(record.id.clone(), record);
         }
     }
@@ -253,10 +253,12 @@ pub async fn lock_many(conn: &impl ConnectionTrait, ids: &[NodeId]) -> anyhow::R
 /// statements about many nodes: the backends bound a statement's parameters (SQLite 32,766).
 const IDS_PER_STATEMENT: usize = 1000;
 
-/// The nodes of `ids` (fewer where an id names no node), in id order, each with its children.
+/// The nodes of `ids` (fewer where an id names no node), in id order, each with the child
+/// sets `sets` names.
 async fn read_by_ids(
     conn: &impl ConnectionTrait,
     ids: &[String],
+    sets: ChildSets,
 ) -> anyhow::Result<Vec<NodeRecord>> {
     let select = node::Entity::find()
         .filter(one_of(
@@ -265,28 +267,59 @@ async fn read_by_ids(
             conn.get_database_backend(),
         ))
         .order_by_asc(node::Column::Id);
-    read_records(conn, select).await
+    read_records(conn, select, sets).await
+}
+
+/// Which of a node's child sets a read includes: its labels, its taints, its conditions.
+/// Its no-schedule reasons are always read, because whether it is schedulable (the API's
+/// `schedulability`) depends on them.
+///
+/// Everything that decides or changes a node reads all of them ([`ChildSets::ALL`]). Only a
+/// page of the API may leave some out: a fleet table that shows no labels or conditions
+/// would otherwise read 27 label and condition rows per node that it never shows, half of
+/// its statement's time (BENCHMARKS.md: "A page reads the child rows it shows"). The records
+/// it gets have those sets empty, and the API view that holds them refuses to show them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChildSets {
+    pub labels: bool,
+    pub taints: bool,
+    pub conditions: bool,
+}
+
+impl ChildSets {
+    /// Every child set: a whole record.
+    pub const ALL: ChildSets = ChildSets {
+        labels: true,
+        taints: true,
+        conditions: true,
+    };
+
+    /// Whether each of [`CHILD_SET_COLUMNS`] is read, in its order.
+    fn columns(self) -> [bool; 4] {
+        [self.labels, self.taints, self.conditions, true]
+    }
 }
 
 /// Runs a select of node rows with [`with_children`] and makes each row a record.
 async fn read_records(
     conn: &impl ConnectionTrait,
     select: sea_orm::Select<node::Entity>,
+    sets: ChildSets,
 ) -> anyhow::Result<Vec<NodeRecord>> {
-    let query = with_children(select.into_query(), conn.get_database_backend());
+    let query = with_children(select.into_query(), conn.get_database_backend(), sets);
     conn.query_all(&query)
         .await?
         .iter()
         .map(|row| {
             let node = node::Model::from_query_result(row, "")?;
-            let children = children_in(row, &node.id)?;
+            let children = children_in(row, &node.id, sets)?;
             rows::node_record(node, children)
         })
         .collect()
 }
 
-/// `select` (of node rows) with each node's child rows (labels, taints, conditions, reasons)
-/// as four more columns, by correlated subqueries: the labels a JSON object of their values
+/// `select` (of node rows) with each node's child rows (labels, taints, conditions, reasons;
+/// those of `sets`) as up to four more columns, by correlated subqueries: the labels a JSON object of their values
 /// by key, the others each a JSON array of the table's rows as arrays of their columns. A
 /// node is then one row, decoded once, and its children come from the row's snapshot
 /// (BENCHMARKS.md: "A page of nodes in one statement"). The subqueries name the outer table
@@ -297,14 +330,20 @@ async fn read_records(
 /// than the row. Callers that lock take the locks first, in a statement of their own; the
 /// read after it sees what the last writer committed because write transactions run at READ
 /// COMMITTED, where each statement takes a new snapshot (at REPEATABLE READ it would not).
-fn with_children(mut select: SelectStatement, backend: DbBackend) -> SelectStatement {
-    let sets = match backend {
+fn with_children(
+    mut select: SelectStatement,
+    backend: DbBackend,
+    sets: ChildSets,
+) -> SelectStatement {
+    let subqueries = match backend {
         DbBackend::Postgres => &CHILD_SETS_POSTGRES,
         // SQLite, the store's only other backend.
         _ => &CHILD_SETS_SQLITE,
     };
-    for (alias, subquery) in CHILD_SET_COLUMNS.iter().zip(sets) {
-        select.expr_as(Expr::cust(*subquery), Alias::new(*alias));
+    for ((alias, subquery), read) in CHILD_SET_COLUMNS.iter().zip(subqueries).zip(sets.columns()) {
+        if read {
+            select.expr_as(Expr::cust(*subquery), Alias::new(*alias));
+        }
     }
     select
 }
@@ -339,8 +378,9 @@ const CHILD_SETS_SQLITE: [&str; 4] = [
     r#"(SELECT json_group_array(json_array(r."reason", r."set_by", r."detail", r."since")) FROM "node_no_schedule_reasons" AS r WHERE r."node_id" = "nodes"."id")"#,
 ];
 
-/// The child rows [`with_children`] put in `row`, as the tables' models.
-fn children_in(row: &QueryResult, node_id: &str) -> anyhow::Result<NodeChildren> {
+/// The child rows [`with_children`] put in `row`, as the tables' models; no rows for a set
+/// that `sets` leaves out.
+fn children_in(row: &QueryResult, node_id: &str, sets: ChildSets) -> anyhow::Result<NodeChildren> {
     use chrono::{DateTime, Utc};
     type Taint = (String, String, String, String, DateTime<Utc>);
     type ConditionCells = (
@@ -358,17 +398,22 @@ fn children_in(row: &QueryResult, node_id: &str) -> anyhow::Result<NodeChildren>
     fn set<T: serde::de::DeserializeOwned + Default>(
         row: &QueryResult,
         column: &str,
+        read: bool,
         node_id: &str,
     ) -> anyhow::Result<T> {
+        if !read {
+            return Ok(T::default());
+        }
         let Some(text) = row.try_get::<Option<String>>("", column)? else {
             return Ok(T::default());
         };
         serde_json::from_str(&text).map_err(|e| anyhow!("corrupt rows: {column} of {node_id}: {e}"))
     }
     let [labels, taints, conditions, reasons] = CHILD_SET_COLUMNS;
+    let [read_labels, read_taints, read_conditions, read_reasons] = sets.columns();
     let node = || node_id.to_owned();
     Ok(NodeChildren {
-        labels: set::<HashMap<String, String>>(row, labels, node_id)?
+        labels: set::<HashMap<String, String>>(row, labels, read_labels, node_id)?
             .into_iter()
             .map(|(key, value)| node_label::Model {
                 key,
@@ -376,7 +421,7 @@ fn children_in(row: &QueryResult, node_id: &str) -> anyhow::Result<NodeChildren>
                 node_id: node(),
             })
             .collect(),
-        taints: set::<Vec<Taint>>(row, taints, node_id)?
+        taints: set::<Vec<Taint>>(row, taints, read_taints, node_id)?
             .into_iter()
             .map(
                 |(key, value, effect, added_by, added_at)| node_taint::Model {
@@ -389,7 +434,7 @@ fn children_in(row: &QueryResult, node_id: &str) -> anyhow::Result<NodeChildren>
                 },
             )
             .collect(),
-        conditions: set::<Vec<ConditionCells>>(row, conditions, node_id)?
+        conditions: set::<Vec<ConditionCells>>(row, conditions, read_conditions, node_id)?
             .into_iter()
             .map(
                 |(
@@ -416,7 +461,7 @@ fn children_in(row: &QueryResult, node_id: &str) -> anyhow::Result<NodeChildren>
                 },
             )
             .collect(),
-        reasons: set::<Vec<Reason>>(row, reasons, node_id)?
+        reasons: set::<Vec<Reason>>(row, reasons, read_reasons, node_id)?
             .into_iter()
             .map(
                 |(reason, set_by, detail, since)| node_no_schedule_reason::Model {
@@ -652,14 +697,16 @@ pub async fn by_trusted_hardware_keys(
     Ok(found)
 }
 
-/// One page of nodes ordered by id, after the cursor `after`, at most `limit`.
+/// One page of nodes ordered by id, after the cursor `after`, at most `limit`, each with the
+/// child sets `sets` names.
 pub async fn list(
     conn: &impl ConnectionTrait,
     filter: &NodeFilter,
     after: Option<&str>,
     limit: u64,
+    sets: ChildSets,
 ) -> anyhow::Result<Vec<NodeRecord>> {
-    list_with(conn, filter, after, limit, false).await
+    list_where(conn, filter.condition(), after, limit, Read::Plain(sets)).await
 }
 
 /// [`list`] inside a write transaction: the nodes are locked `FOR SHARE` (PostgreSQL), in id
@@ -671,17 +718,15 @@ pub async fn list_locked(
     filter: &NodeFilter,
     limit: u64,
 ) -> anyhow::Result<Vec<NodeRecord>> {
-    list_with(conn, filter, None, limit, true).await
+    list_where(conn, filter.condition(), None, limit, Read::Locked).await
 }
 
-async fn list_with(
-    conn: &impl ConnectionTrait,
-    filter: &NodeFilter,
-    after: Option<&str>,
-    limit: u64,
-    lock: bool,
-) -> anyhow::Result<Vec<NodeRecord>> {
-    list_where(conn, filter.condition(), after, limit, lock).await
+/// How [`list_where`] reads: without locks and the child sets named, or whole records locked
+/// `FOR SHARE` (a locking read decides, so it reads everything).
+#[derive(Clone, Copy)]
+enum Read {
+    Plain(ChildSets),
+    Locked,
 }
 
 /// Live `adopting`, `connected` nodes that reported their `gpus` section and have no
@@ -741,7 +786,7 @@ pub async fn acceptance_candidates(
         .condition()
         .add(Expr::exists(reported_gpus))
         .add(Expr::exists(diagnostic_running).not());
-    list_where(conn, cond, None, limit, false).await
+    list_where(conn, cond, None, limit, Read::Plain(ChildSets::ALL)).await
 }
 
 async fn list_where(
@@ -749,29 +794,35 @@ async fn list_where(
     cond: Condition,
     after: Option<&str>,
     limit: u64,
-    lock: bool,
+    read: Read,
 ) -> anyhow::Result<Vec<NodeRecord>> {
     let mut select = node::Entity::find().filter(cond);
     if let Some(after) = after {
         select = select.filter(node::Column::Id.gt(after));
     }
     let select = select.order_by_asc(node::Column::Id).limit(limit);
-    if lock && conn.get_database_backend() == DbBackend::Postgres {
-        // The locks first, then the read (see `with_children`).
-        let ids: Vec<String> = select
-            .select_only()
-            .column(node::Column::Id)
-            .lock_shared()
-            .into_tuple()
-            .all(conn)
-            .await?;
-        let mut records = Vec::with_capacity(ids.len());
-        for chunk in ids.chunks(IDS_PER_STATEMENT) {
-            records.extend(read_by_ids(conn, chunk).await?);
+    match read {
+        Read::Plain(sets) => read_records(conn, select, sets).await,
+        // SQLite's write transaction holds the whole database already.
+        Read::Locked if conn.get_database_backend() != DbBackend::Postgres => {
+            read_records(conn, select, ChildSets::ALL).await
         }
-        return Ok(records);
+        Read::Locked => {
+            // The locks first, then the read (see `with_children`).
+            let ids: Vec<String> = select
+                .select_only()
+                .column(node::Column::Id)
+                .lock_shared()
+                .into_tuple()
+                .all(conn)
+                .await?;
+            let mut records = Vec::with_capacity(ids.len());
+            for chunk in ids.chunks(IDS_PER_STATEMENT) {
+                records.extend(read_by_ids(conn, chunk, ChildSets::ALL).await?);
+            }
+            Ok(records)
+        }
     }
-    read_records(conn, select).await
 }
 
 /// Live nodes in `states` whose spec generation is still 0 (id and version), at most `limit`:
