@@ -18,7 +18,12 @@ pub struct PeerIdentity(pub Option<NodeIdentity>);
 
 /// Read buffer per session socket. tungstenite's default (128 KiB, zero-filled on every read)
 /// costs a lot of CPU and memory with thousands of idle sessions; bcd/v1 frames are small.
-const SESSION_READ_BUFFER_BYTES: usize = 4096;
+/// tungstenite grows the buffer to hold the largest frame read and never shrinks it, and
+/// reads at most this much at a time: with 4 KiB, the inventory's `gpus` frame (about 3 KB
+/// for eight GPUs, arriving behind other bytes) doubled it to 8 KiB for the rest of the
+/// session; with 512 bytes it grows to about the largest frame, and a heartbeat (a few dozen
+/// bytes) is still one read, with less of the buffer zero-filled per read.
+const SESSION_READ_BUFFER_BYTES: usize = 512;
 
 /// The routes. Join and renewal bodies are bounded in size (`gateway.max_body_bytes`,
 /// enforced while reading) and in time (`gateway.body_timeout_secs`).
