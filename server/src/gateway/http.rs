@@ -22,7 +22,9 @@ pub struct PeerIdentity(pub Option<NodeIdentity>);
 /// reads at most this much at a time: with 4 KiB, the inventory's `gpus` frame (about 3 KB
 /// for eight GPUs, arriving behind other bytes) doubled it to 8 KiB for the rest of the
 /// session; with 512 bytes it grows to about the largest frame, and a heartbeat (a few dozen
-/// bytes) is still one read, with less of the buffer zero-filled per read.
+/// bytes) is still one read, with less of the buffer zero-filled per read. Whatever this is,
+/// one large frame (a command's result of up to 1 MiB) keeps its size for the rest of its
+/// session; such frames are rare, and read 512 bytes at a time.
 const SESSION_READ_BUFFER_BYTES: usize = 512;
 
 /// The routes. Join and renewal bodies are bounded in size (`gateway.max_body_bytes`,

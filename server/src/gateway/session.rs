@@ -15,13 +15,12 @@ use futures::stream::{SplitSink, SplitStream};
 use futures::{SinkExt, StreamExt};
 use std::collections::HashSet;
 use std::time::Duration;
-use tokio::sync::mpsc;
 
 use crate::error::ApiError;
 use crate::service::attributed;
 use crate::service::commands::{CommandProgress, CommandReport, DispatchLook};
 use crate::service::inventory::ReportedSection;
-use crate::service::session_registry::SessionSignal;
+use crate::service::session_registry::{Inbox, SessionSignal, session_inbox};
 use crate::service::sessions::{Hello, OpenedSession};
 use bc_core::command::{CommandKind, Outcome};
 use bc_core::ids::{CommandId, NodeId};
@@ -148,23 +147,13 @@ pub(super) async fn run(state: GatewayState, identity: NodeIdentity, socket: Web
         }
     };
     let epoch = opened.epoch;
-    let (kick_tx, mut kick_rx) = mpsc::unbounded_channel();
-    state.services.sessions.register(&node_id, epoch, kick_tx);
+    let (kick, inbox) = session_inbox();
+    state.services.sessions.register(&node_id, epoch, kick);
     metrics::counter!("bc_gateway_sessions_opened_total").increment(1);
 
     let ending = match send(&mut sink, &welcome(&state, &opened)).await {
         Err(()) => None,
-        Ok(()) => {
-            follow(
-                &state,
-                &identity,
-                &opened,
-                &mut sink,
-                &mut stream,
-                &mut kick_rx,
-            )
-            .await
-        }
+        Ok(()) => follow(&state, &identity, &opened, &mut sink, &mut stream, &inbox).await,
     };
     // Boxed: ending a session reaches storage, whose futures are large, and inline they
     // would make every open session's future that much larger for as long as it runs.
@@ -318,7 +307,7 @@ async fn follow(
     opened: &OpenedSession,
     sink: &mut Sink,
     stream: &mut Stream,
-    kicks: &mut mpsc::UnboundedReceiver<SessionSignal>,
+    inbox: &Inbox,
 ) -> Option<Ending> {
     let mut shutdown = state.shutdown.clone();
     let mut live = Live {
@@ -346,7 +335,7 @@ async fn follow(
         let report_due = live.desk.report_due;
         next = tokio::select! {
             frame = stream.next() => Box::pin(live.on_frame(frame)).await,
-            signal = kicks.recv() => Box::pin(live.on_signal(signal)).await,
+            signal = inbox.recv() => Box::pin(live.on_signal(signal)).await,
             () = sleep_until_some(report_due) => Box::pin(live.store_report()).await,
             _ = shutdown.changed() => Next::Close(Ending::shutdown()),
         };
@@ -418,7 +407,7 @@ impl Live<'_> {
                 reason: reason.to_owned(),
                 goodbye: true,
             }),
-            // The registry dropped this session's sender without a `Close`: the process is
+            // The registry let go of this session without a `Close`: the process is
             // stopping.
             None => Next::Close(Ending::shutdown()),
         }

@@ -115,16 +115,16 @@ impl QueryRoot {
         if let Some(after) = &after {
             NodeId::parse(after).map_err(ApiError::from)?;
         }
-        let sets = selected_child_sets(ctx);
         let page = services(ctx)?
             .nodes(
                 principal(ctx)?,
                 filter.clone(),
                 after.as_deref(),
                 first,
-                sets,
+                selected_child_sets(ctx),
             )
             .await?;
+        let sets = page.child_sets;
         let mut connection = Connection::with_additional_fields(
             after.is_some(),
             page.has_next_page,

@@ -394,7 +394,7 @@ pub enum SchedulingCheck {
 /// ([`ChildSets`]); everything else shows whole records.
 pub struct NodeDetail {
     view: DomainNodeDetail,
-    read: ChildSets,
+    sets_read: ChildSets,
 }
 
 impl From<DomainNodeDetail> for NodeDetail {
@@ -402,15 +402,15 @@ impl From<DomainNodeDetail> for NodeDetail {
     fn from(view: DomainNodeDetail) -> NodeDetail {
         NodeDetail {
             view,
-            read: ChildSets::ALL,
+            sets_read: ChildSets::ALL,
         }
     }
 }
 
 impl NodeDetail {
-    /// The view of a record read with only the child sets `read`.
-    pub fn with_child_sets(view: DomainNodeDetail, read: ChildSets) -> NodeDetail {
-        NodeDetail { view, read }
+    /// The view of a record read with only the child sets `sets_read`.
+    pub fn with_child_sets(view: DomainNodeDetail, sets_read: ChildSets) -> NodeDetail {
+        NodeDetail { view, sets_read }
     }
 
     /// `INTERNAL` unless the child set `name` was read: a set left out is empty in the record,
@@ -553,12 +553,12 @@ impl NodeDetail {
     }
     /// Key-value labels operators and inventory put on the node, to select nodes by.
     async fn labels(&self) -> async_graphql::Result<Vec<Label>> {
-        self.read_or_refuse(self.read.labels, "labels")?;
+        self.read_or_refuse(self.sets_read.labels, "labels")?;
         Ok(self.view.record.labels.iter().map(Label::of).collect())
     }
     /// Operator taints; each `NO_SCHEDULE` one keeps new work off the node.
     async fn taints(&self) -> async_graphql::Result<Vec<Taint>> {
-        self.read_or_refuse(self.read.taints, "taints")?;
+        self.read_or_refuse(self.sets_read.taints, "taints")?;
         Ok(self
             .view
             .record
@@ -575,7 +575,7 @@ impl NodeDetail {
     }
     /// Typed conditions that inventory, health checks, Liveness and acceptance report.
     async fn conditions(&self) -> async_graphql::Result<Vec<Condition>> {
-        self.read_or_refuse(self.read.conditions, "conditions")?;
+        self.read_or_refuse(self.sets_read.conditions, "conditions")?;
         Ok(self
             .view
             .record
@@ -1770,3 +1770,65 @@ impl CommandListFields {
 
 pub type CommandConnection =
     async_graphql::connection::Connection<String, Command, CommandListFields>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use async_graphql::{EmptyMutation, EmptySubscription, Schema};
+    use bc_core::axes::{Adapter, ProvisionState, Role, Trust};
+    use bc_core::ids::SiteId;
+    use bc_core::node::{NewNode, NodeRecord};
+
+    /// A root with one node, read with the child sets it was given.
+    struct OneNode(ChildSets);
+
+    #[Object]
+    impl OneNode {
+        async fn node(&self) -> NodeDetail {
+            let record = NodeRecord::new(
+                NewNode {
+                    hostname: "gpu-001".into(),
+                    site_id: SiteId::parse("site_dc1").expect("id"),
+                    pool_id: None,
+                    owner_tenant_id: None,
+                    role: Role::Host,
+                    trust: Trust::Platform,
+                    adapter: Adapter::BcdV1,
+                    drivers: Default::default(),
+                    provision_state: ProvisionState::Adopted,
+                },
+                Utc::now(),
+            )
+            .expect("a node");
+            NodeDetail::with_child_sets(DomainNodeDetail::new(record, None, None), self.0)
+        }
+    }
+
+    /// A set the page did not read is refused as `INTERNAL`, never shown empty; the sets it
+    /// read are shown.
+    #[tokio::test]
+    async fn a_child_set_not_read_is_refused_not_shown_empty() {
+        let none = ChildSets {
+            labels: false,
+            taints: false,
+            conditions: false,
+        };
+        for field in ["labels { key }", "taints { key }", "conditions { type }"] {
+            for (sets, refused) in [(none, true), (ChildSets::ALL, false)] {
+                let schema = Schema::new(OneNode(sets), EmptyMutation, EmptySubscription);
+                let response = schema.execute(format!("{{ node {{ {field} }} }}")).await;
+                let codes: Vec<Option<async_graphql::Value>> = response
+                    .errors
+                    .iter()
+                    .map(|e| e.extensions.as_ref().and_then(|x| x.get("code")).cloned())
+                    .collect();
+                let expected = if refused {
+                    vec![Some(async_graphql::Value::from("INTERNAL"))]
+                } else {
+                    Vec::new()
+                };
+                assert_eq!(codes, expected, "{field}, refused: {refused}");
+            }
+        }
+    }
+}

@@ -23,6 +23,8 @@ use crate::error::{ApiError, ApiResult};
 pub struct NodePage {
     pub nodes: Vec<NodeDetail>,
     pub has_next_page: bool,
+    /// The child sets the page's records hold; the others are empty ([`ChildSets`]).
+    pub child_sets: ChildSets,
 }
 
 /// A node that does not exist, or that the principal may not see: the same answer, so ids
@@ -71,6 +73,7 @@ impl Services {
         Ok(NodePage {
             nodes: self.detail_of(&read, records).await?,
             has_next_page,
+            child_sets: sets,
         })
     }
 

@@ -276,8 +276,10 @@ async fn read_by_ids(
 ///
 /// Everything that decides or changes a node reads all of them ([`ChildSets::ALL`]). Only a
 /// page of the API may leave some out: a fleet table that shows no labels or conditions
-/// would otherwise read 27 label and condition rows per node that it never shows, half of
-/// its statement's time (BENCHMARKS.md: "A page reads the child rows it shows"). The records
+/// would otherwise read 27 label and condition rows per node that it never shows, most of
+/// its statement's time on PostgreSQL (BENCHMARKS.md: "A page reads the child rows it
+/// shows"). Each combination of sets is a SQL text of its own, so a page's filter shape may
+/// be up to eight texts in a connection's prepared-statement cache. The records
 /// it gets have those sets empty, and the API view that holds them refuses to show them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ChildSets {
@@ -295,7 +297,7 @@ impl ChildSets {
     };
 
     /// Whether each of [`CHILD_SET_COLUMNS`] is read, in its order.
-    fn columns(self) -> [bool; 4] {
+    fn read_per_column(self) -> [bool; 4] {
         [self.labels, self.taints, self.conditions, true]
     }
 }
@@ -319,8 +321,9 @@ async fn read_records(
 }
 
 /// `select` (of node rows) with each node's child rows (labels, taints, conditions, reasons;
-/// those of `sets`) as up to four more columns, by correlated subqueries: the labels a JSON object of their values
-/// by key, the others each a JSON array of the table's rows as arrays of their columns. A
+/// those of `sets`) as up to four more columns, by correlated subqueries: the labels a JSON
+/// object of their values by key, the others each a JSON array of the table's rows as arrays
+/// of their columns. A
 /// node is then one row, decoded once, and its children come from the row's snapshot
 /// (BENCHMARKS.md: "A page of nodes in one statement"). The subqueries name the outer table
 /// `"nodes"`, so `select` must not alias it: an alias would fail only when the statement runs.
@@ -340,7 +343,11 @@ fn with_children(
         // SQLite, the store's only other backend.
         _ => &CHILD_SETS_SQLITE,
     };
-    for ((alias, subquery), read) in CHILD_SET_COLUMNS.iter().zip(subqueries).zip(sets.columns()) {
+    for ((alias, subquery), read) in CHILD_SET_COLUMNS
+        .iter()
+        .zip(subqueries)
+        .zip(sets.read_per_column())
+    {
         if read {
             select.expr_as(Expr::cust(*subquery), Alias::new(*alias));
         }
@@ -410,7 +417,7 @@ fn children_in(row: &QueryResult, node_id: &str, sets: ChildSets) -> anyhow::Res
         serde_json::from_str(&text).map_err(|e| anyhow!("corrupt rows: {column} of {node_id}: {e}"))
     }
     let [labels, taints, conditions, reasons] = CHILD_SET_COLUMNS;
-    let [read_labels, read_taints, read_conditions, read_reasons] = sets.columns();
+    let [read_labels, read_taints, read_conditions, read_reasons] = sets.read_per_column();
     let node = || node_id.to_owned();
     Ok(NodeChildren {
         labels: set::<HashMap<String, String>>(row, labels, read_labels, node_id)?
@@ -706,7 +713,7 @@ pub async fn list(
     limit: u64,
     sets: ChildSets,
 ) -> anyhow::Result<Vec<NodeRecord>> {
-    list_where(conn, filter.condition(), after, limit, Read::Plain(sets)).await
+    list_where(conn, filter.condition(), after, limit, Read::Unlocked(sets)).await
 }
 
 /// [`list`] inside a write transaction: the nodes are locked `FOR SHARE` (PostgreSQL), in id
@@ -725,7 +732,7 @@ pub async fn list_locked(
 /// `FOR SHARE` (a locking read decides, so it reads everything).
 #[derive(Clone, Copy)]
 enum Read {
-    Plain(ChildSets),
+    Unlocked(ChildSets),
     Locked,
 }
 
@@ -786,7 +793,7 @@ pub async fn acceptance_candidates(
         .condition()
         .add(Expr::exists(reported_gpus))
         .add(Expr::exists(diagnostic_running).not());
-    list_where(conn, cond, None, limit, Read::Plain(ChildSets::ALL)).await
+    list_where(conn, cond, None, limit, Read::Unlocked(ChildSets::ALL)).await
 }
 
 async fn list_where(
@@ -802,7 +809,7 @@ async fn list_where(
     }
     let select = select.order_by_asc(node::Column::Id).limit(limit);
     match read {
-        Read::Plain(sets) => read_records(conn, select, sets).await,
+        Read::Unlocked(sets) => read_records(conn, select, sets).await,
         // SQLite's write transaction holds the whole database already.
         Read::Locked if conn.get_database_backend() != DbBackend::Postgres => {
             read_records(conn, select, ChildSets::ALL).await
