@@ -1583,24 +1583,7 @@ async fn child_rows_load_back_as_written_one_node_or_many() {
                     n.update_labels(&labels, &[]).expect("labels");
                 }
                 if (1..3).contains(&i) {
-                    n.taint(
-                        "gpu",
-                        "flaky",
-                        bc_core::axes::TaintEffect::NoSchedule,
-                        &by,
-                        now,
-                    )
-                    .expect("a taint");
-                    n.set_condition(
-                        "DiskPressure",
-                        ConditionStatus::True,
-                        "Full",
-                        "the disk is full",
-                        true,
-                        &by,
-                        now,
-                    )
-                    .expect("a condition");
+                    taint_and_fill_disk(&mut n, &by, now);
                 }
                 if i == 2 {
                     // A condition that clears only on proof carries its proof.
@@ -1698,24 +1681,7 @@ async fn a_page_shows_every_child_set_its_query_selects_by_any_path() {
         let mut n = crate::common::node_record(s, &place, ProvisionState::Adopted);
         n.update_labels(&BTreeMap::from([("rack".to_owned(), "r-1".to_owned())]), &[])
             .expect("a label");
-        n.taint(
-            "gpu",
-            "flaky",
-            bc_core::axes::TaintEffect::NoSchedule,
-            &by,
-            now,
-        )
-        .expect("a taint");
-        n.set_condition(
-            "DiskPressure",
-            ConditionStatus::True,
-            "Full",
-            "the disk is full",
-            true,
-            &by,
-            now,
-        )
-        .expect("a condition");
+        taint_and_fill_disk(&mut n, &by, now);
         s.insert_nodes(std::slice::from_ref(&n)).await;
         let sets = "labels { key value } taints { key } conditions { type }";
         let shapes = [
@@ -1787,6 +1753,29 @@ async fn a_page_shows_every_child_set_its_query_selects_by_any_path() {
         }
     })
     .await;
+}
+
+/// Gives `n` a `gpu=flaky` `NO_SCHEDULE` taint and a `DiskPressure` condition that keeps
+/// work off it: one row of each child table but the labels, and a reason.
+fn taint_and_fill_disk(n: &mut NodeRecord, by: &Actor, now: chrono::DateTime<chrono::Utc>) {
+    n.taint(
+        "gpu",
+        "flaky",
+        bc_core::axes::TaintEffect::NoSchedule,
+        by,
+        now,
+    )
+    .expect("a taint");
+    n.set_condition(
+        "DiskPressure",
+        ConditionStatus::True,
+        "Full",
+        "the disk is full",
+        true,
+        by,
+        now,
+    )
+    .expect("a condition");
 }
 
 /// Each child column reads back as its own: the children are rendered as JSON by the

@@ -279,8 +279,8 @@ async fn read_by_ids(
 /// would otherwise read 27 label and condition rows per node that it never shows, most of
 /// its statement's time on PostgreSQL (BENCHMARKS.md: "A page reads the child rows it
 /// shows"). Each combination of sets is a SQL text of its own, so a page's filter shape may
-/// be up to eight texts in a connection's prepared-statement cache. The records
-/// it gets have those sets empty, and the API view that holds them refuses to show them.
+/// be up to eight texts in a connection's prepared-statement cache. The records it gets
+/// have those sets empty, and the API view that holds them refuses to show them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ChildSets {
     pub labels: bool,
@@ -323,10 +323,10 @@ async fn read_records(
 /// `select` (of node rows) with each node's child rows (labels, taints, conditions, reasons;
 /// those of `sets`) as up to four more columns, by correlated subqueries: the labels a JSON
 /// object of their values by key, the others each a JSON array of the table's rows as arrays
-/// of their columns. A
-/// node is then one row, decoded once, and its children come from the row's snapshot
-/// (BENCHMARKS.md: "A page of nodes in one statement"). The subqueries name the outer table
-/// `"nodes"`, so `select` must not alias it: an alias would fail only when the statement runs.
+/// of their columns. A node is then one row, decoded once, and its children come from the
+/// row's snapshot (BENCHMARKS.md: "A page of nodes in one statement"). The subqueries name
+/// the outer table `"nodes"`, so `select` must not alias it: an alias would fail only when
+/// the statement runs.
 ///
 /// Not for a locking read: PostgreSQL rereads a row it had to wait for at its newest version,
 /// but runs the subqueries against the statement's snapshot, so the children could be older
