@@ -902,6 +902,32 @@ fn cpu_ticks(stat_path: &str) -> anyhow::Result<f64> {
 /// The clock ticks in a second of CPU time, to turn [`Server::cpu_ticks`] and
 /// [`own_cpu_ticks`] into seconds.
 /// CPU time in clock ticks (from `/proc`), spent over `wall`, as % of one core.
+/// The CPU time every core of the machine has spent busy (not idle, not waiting for I/O), in
+/// clock ticks, from the first line of `/proc/stat`: with the servers' and the simulator's,
+/// it shows how much the rest (the database) took, and whether the machine was full.
+pub fn machine_busy_ticks() -> anyhow::Result<f64> {
+    busy_ticks(&std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?)
+}
+
+/// The busy ticks of `/proc/stat`'s text (see [`machine_busy_ticks`]).
+fn busy_ticks(stat: &str) -> anyhow::Result<f64> {
+    let line = stat
+        .lines()
+        .find(|line| line.starts_with("cpu "))
+        .context("no cpu line in /proc/stat")?;
+    let ticks: Vec<f64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .context("a /proc/stat cpu line")?;
+    // user nice system idle iowait irq softirq steal: all but idle and iowait.
+    let [user, nice, system, _idle, _iowait, irq, softirq, steal, ..] = ticks[..] else {
+        anyhow::bail!("a short /proc/stat cpu line: {line}");
+    };
+    Ok(user + nice + system + irq + softirq + steal)
+}
+
 pub fn share_of_a_core(ticks: f64, clk_tck: f64, wall: Duration) -> f64 {
     100.0 * ticks / clk_tck / wall.as_secs_f64().max(0.001)
 }
@@ -1445,6 +1471,15 @@ mod tests {
             300.0
         );
         assert!(own_cpu_ticks().expect("our own ticks") >= 0.0);
+    }
+
+    #[test]
+    fn the_machine_is_busy_in_all_but_idle_and_io_wait() {
+        let stat = "cpu  100 2 30 5000 40 6 7 8 0 0\ncpu0 50 1 15 2500 20 3 3 4 0 0\n";
+        assert_eq!(busy_ticks(stat).expect("ticks"), 153.0);
+        assert!(busy_ticks("cpu  1 2 3\n").is_err());
+        assert!(busy_ticks("intr 5\n").is_err());
+        assert!(machine_busy_ticks().expect("this machine's ticks") > 0.0);
     }
 
     #[test]

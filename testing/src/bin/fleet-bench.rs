@@ -432,6 +432,11 @@ async fn metrics_of(apis: &[Api]) -> anyhow::Result<bench::Metrics> {
 const FAILOVER_TIMEOUT: Duration = Duration::from_secs(120);
 /// How often the failover is watched.
 const FAILOVER_POLL: Duration = Duration::from_millis(250);
+/// How often the API is asked whether the failover is over. Each ask counts the connected
+/// nodes, a scan of the node table that took 0.2 to 0.5 s at 50,000 nodes during a failover,
+/// so asking back to back kept a database backend busy on a machine the failover already
+/// filled; once a second measures it to the second and costs a fraction of that.
+const FAILOVER_COUNT_EVERY: Duration = Duration::from_secs(1);
 /// How often a cordon goes through a surviving replica during the failover.
 const FAILOVER_CORDON_EVERY: Duration = Duration::from_millis(100);
 /// How often the failover's trace notes the daemons connected and the CPU taken since.
@@ -446,7 +451,8 @@ struct Failover {
     /// From the kill until another replica ran the controllers (the killed one led them).
     new_leader: Option<Duration>,
     /// From the kill until every daemon had a session again (the simulator's count; the
-    /// reconnects queue through its handshake slots, `--join-concurrency`).
+    /// reconnects' TLS handshakes and upgrades queue through its handshake slots,
+    /// `--join-concurrency`).
     reconnected: Duration,
     /// From the kill until the API showed every node connected with its session on a
     /// surviving replica's gateway: the control plane's own view of the failover.
@@ -460,8 +466,9 @@ struct Failover {
 
 /// The failover's course, a point about every [`FAILOVER_TRACE_EVERY`] after the kill and
 /// one at its end, and the daemons' errors by kind since the kill.
-#[derive(Default)]
 struct FailoverTrace {
+    /// The clock ticks per second that CPU times are counted in.
+    clk_tck: f64,
     points: Vec<TracePoint>,
     errors: ErrorCounts,
 }
@@ -470,17 +477,23 @@ struct TracePoint {
     /// Since the kill.
     at: Duration,
     connected: u64,
+    /// The API's last count before this point, if one had answered since the last point.
+    api: Option<ServedCounts>,
     /// The surviving servers' CPU since the previous point, in % of one core.
     server_cpu: f64,
     /// The simulator processes' and the benchmark's CPU since the previous point, in % of
     /// one core.
     sim_cpu: f64,
+    /// The whole machine's busy CPU since the previous point, in % of one core (the
+    /// database's is the rest after the servers' and the simulator's).
+    machine_cpu: f64,
 }
 
 /// A reading of the CPU the surviving servers and the simulator have taken, and when.
 struct CpuReading {
     servers: f64,
     simulator: f64,
+    machine: f64,
     at: Instant,
 }
 
@@ -489,6 +502,7 @@ impl CpuReading {
         Ok(CpuReading {
             servers: bench::cpu_ticks_of(servers)?,
             simulator: fleet.cpu_ticks()?,
+            machine: bench::machine_busy_ticks()?,
             at: Instant::now(),
         })
     }
@@ -500,8 +514,8 @@ impl FailoverTrace {
         &mut self,
         killed: Instant,
         connected: u64,
+        api: Option<ServedCounts>,
         last: &mut CpuReading,
-        clk_tck: f64,
         servers: &[Server],
         fleet: &BenchFleet,
     ) -> anyhow::Result<()> {
@@ -510,8 +524,10 @@ impl FailoverTrace {
         self.points.push(TracePoint {
             at: now.at - killed,
             connected,
-            server_cpu: bench::share_of_a_core(now.servers - last.servers, clk_tck, wall),
-            sim_cpu: bench::share_of_a_core(now.simulator - last.simulator, clk_tck, wall),
+            api,
+            server_cpu: bench::share_of_a_core(now.servers - last.servers, self.clk_tck, wall),
+            sim_cpu: bench::share_of_a_core(now.simulator - last.simulator, self.clk_tck, wall),
+            machine_cpu: bench::share_of_a_core(now.machine - last.machine, self.clk_tck, wall),
         });
         *last = now;
         Ok(())
@@ -522,14 +538,25 @@ impl FailoverTrace {
             .points
             .iter()
             .map(|point| {
+                let api = point.api.as_ref().map_or_else(
+                    || "no count answered".to_owned(),
+                    |c| {
+                        format!(
+                            "{} connected, {} on the dead gateway (counted in {:.2} s)",
+                            c.connected,
+                            c.on_dead,
+                            c.took.as_secs_f64()
+                        )
+                    },
+                );
                 (
                     format!(
-                        "  at {:.1} s: connected, CPU servers / simulator",
+                        "  at {:.1} s: connected, CPU servers / simulator / machine; the API",
                         point.at.as_secs_f64()
                     ),
                     format!(
-                        "{}, {:.0} % / {:.0} %",
-                        point.connected, point.server_cpu, point.sim_cpu
+                        "{}, {:.0} % / {:.0} % / {:.0} %; {api}",
+                        point.connected, point.server_cpu, point.sim_cpu, point.machine_cpu
                     ),
                     "",
                 )
@@ -582,8 +609,11 @@ async fn kill_one_replica(
     // (simulator processes report twice a second).
     let before = fleet.progress();
     let sessions_before = before.sessions;
-    let mut trace = FailoverTrace::default();
-    let clk_tck = bench::clock_ticks_per_second().await;
+    let mut trace = FailoverTrace {
+        clk_tck: bench::clock_ticks_per_second().await,
+        points: Vec::new(),
+        errors: ErrorCounts::default(),
+    };
     let mut cpu = CpuReading::take(servers, fleet)?;
     let killed = Instant::now();
     let mut next_point = killed + FAILOVER_TRACE_EVERY;
@@ -616,7 +646,32 @@ async fn kill_one_replica(
         }
     });
 
+    // The API's view of the failover, asked from the kill on in a task of its own: under
+    // load a count may take seconds, and the watch below must keep its pace meanwhile.
+    let (counted_tx, mut counted) = tokio::sync::mpsc::unbounded_channel();
+    let counting = tokio::spawn({
+        let survivors = survivors.clone();
+        let dead_gateway = victim.gateway_id().to_owned();
+        async move {
+            let mut ticker = tokio::time::interval(FAILOVER_COUNT_EVERY);
+            loop {
+                ticker.tick().await;
+                let Some(api) = survivors.choose(&mut rand::rng()) else {
+                    break;
+                };
+                let counts = served_counts(api, &dead_gateway).await;
+                let over = counts
+                    .as_ref()
+                    .is_ok_and(|c| c.connected == nodes && c.on_dead == 0);
+                if counted_tx.send((counts, killed.elapsed())).is_err() || over {
+                    break;
+                }
+            }
+        }
+    });
+
     let (mut reconnected, mut served, mut new_leader) = (None, None, None);
+    let mut last_count: Option<ServedCounts> = None;
     let mut failures = Vec::new();
     let mut ticker = tokio::time::interval(FAILOVER_POLL);
     let watched = loop {
@@ -636,8 +691,8 @@ async fn kill_one_replica(
             if let Err(err) = trace.point(
                 killed,
                 progress.connected,
+                last_count.take(),
                 &mut cpu,
-                clk_tck,
                 servers,
                 fleet,
             ) {
@@ -664,13 +719,17 @@ async fn kill_one_replica(
                 }
             }
         }
-        // Asked from the kill on, apart from the simulator's count: until every node has a
-        // session on a survivor, some is still counted on the dead gateway or not connected.
-        if served.is_none() {
-            let api = survivors.choose(&mut rand::rng()).context("a replica")?;
-            match all_served_by_others(api, victim.gateway_id(), nodes).await {
-                Ok(true) => served = Some(killed.elapsed()),
-                Ok(false) => {}
+        // Until every node has a session on a survivor, some is still counted on the dead
+        // gateway or not connected. It is over, at the latest, when the first count that
+        // showed it was answered.
+        while let Ok((counts, answered)) = counted.try_recv() {
+            match counts {
+                Ok(counts) => {
+                    if served.is_none() && counts.connected == nodes && counts.on_dead == 0 {
+                        served = Some(answered);
+                    }
+                    last_count = Some(counts);
+                }
                 Err(err) => {
                     failures.push(format!("counting the nodes the survivors serve: {err:#}"))
                 }
@@ -681,13 +740,14 @@ async fn kill_one_replica(
         }
     };
     stop_cordons.store(true, Ordering::Relaxed);
+    counting.abort();
     let (cordon, cordon_failures) = cordons.await?;
     // The last point: where the failover ended, or where the bench gave up on it.
     let last_point = trace.point(
         killed,
         fleet.progress().connected,
+        last_count,
         &mut cpu,
-        clk_tck,
         servers,
         fleet,
     );
@@ -713,9 +773,19 @@ async fn kill_one_replica(
     })
 }
 
-/// Whether the API shows all `nodes` connected, none with an open session on `dead_gateway`:
-/// two counts in one request (no page of nodes: `first: 0`), which the filters answer in SQL.
-async fn all_served_by_others(api: &Api, dead_gateway: &str, nodes: u64) -> anyhow::Result<bool> {
+/// What the API counts during a failover: the nodes connected, and those whose open session
+/// is still on the dead gateway. It is over when all are connected and none is on it.
+struct ServedCounts {
+    connected: u64,
+    on_dead: u64,
+    /// How long the request took.
+    took: Duration,
+}
+
+/// The API's view of the failover: two counts in one request (no page of nodes:
+/// `first: 0`), which the filters answer in SQL.
+async fn served_counts(api: &Api, dead_gateway: &str) -> anyhow::Result<ServedCounts> {
+    let started = Instant::now();
     let counts = api
         .data(
             "query($dead: [String!]) { connected: nodes(first: 0, filter: { connectivity: [CONNECTED] }) { totalCount } onDead: nodes(first: 0, filter: { gatewayId: $dead }) { totalCount } }",
@@ -727,7 +797,11 @@ async fn all_served_by_others(api: &Api, dead_gateway: &str, nodes: u64) -> anyh
             .as_u64()
             .with_context(|| format!("no `{alias}` count in {counts}"))
     };
-    Ok(count("connected")? == nodes && count("onDead")? == 0)
+    Ok(ServedCounts {
+        connected: count("connected")?,
+        on_dead: count("onDead")?,
+        took: started.elapsed(),
+    })
 }
 
 /// A realistic fleet-table page: every axis plus the session.
