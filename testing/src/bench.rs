@@ -832,41 +832,107 @@ impl Api {
     }
 }
 
-/// The server's `/metrics`: every metric's samples summed over their labels.
-pub struct Metrics(BTreeMap<String, f64>);
+/// The server's `/metrics`: every metric's samples summed over their labels, and each series
+/// (a metric with one set of labels) apart.
+pub struct Metrics {
+    sums: BTreeMap<String, f64>,
+    series: BTreeMap<String, f64>,
+}
 
 impl Metrics {
     /// Parses the Prometheus text format, skipping comments and lines that are not samples.
     pub fn parse(text: &str) -> Metrics {
-        let mut sums = BTreeMap::new();
+        let (mut sums, mut series) = (BTreeMap::new(), BTreeMap::new());
         for line in text.lines().filter(|l| !l.starts_with('#')) {
-            let Some((series, value)) = line.rsplit_once(' ') else {
+            let Some((one, value)) = line.rsplit_once(' ') else {
                 continue;
             };
-            let name = series.split('{').next().unwrap_or(series);
+            let name = one.split('{').next().unwrap_or(one);
             if let Ok(value) = value.parse::<f64>() {
                 *sums.entry(name.to_owned()).or_insert(0.0) += value;
+                *series.entry(one.to_owned()).or_insert(0.0) += value;
             }
         }
-        Metrics(sums)
+        Metrics { sums, series }
     }
 
     /// The sum of `name`'s samples, if the server has the metric.
     pub fn get(&self, name: &str) -> Option<f64> {
-        self.0.get(name).copied()
+        self.sums.get(name).copied()
     }
 
-    /// Several servers' metrics with each metric summed over them: the replicas of one
-    /// control plane as one. Meant for counters (a gauge's sum is only sometimes a sum).
+    /// `name`'s series by their labels (`statement="select nodes"`, as written between the
+    /// braces), each with its value.
+    pub fn series(&self, name: &str) -> BTreeMap<&str, f64> {
+        let prefix = format!("{name}{{");
+        self.series
+            .iter()
+            .filter_map(|(one, value)| {
+                let labels = one.strip_prefix(&prefix)?.strip_suffix('}')?;
+                Some((labels, *value))
+            })
+            .collect()
+    }
+
+    /// Several servers' metrics with each metric (and series) summed over them: the replicas
+    /// of one control plane as one. Meant for counters (a gauge's sum is only sometimes a sum).
     pub fn sum(all: impl IntoIterator<Item = Metrics>) -> Metrics {
-        let mut sums = BTreeMap::new();
+        let (mut sums, mut series) = (BTreeMap::new(), BTreeMap::new());
         for metrics in all {
-            for (name, value) in metrics.0 {
+            for (name, value) in metrics.sums {
                 *sums.entry(name).or_insert(0.0) += value;
             }
+            for (one, value) in metrics.series {
+                *series.entry(one).or_insert(0.0) += value;
+            }
         }
-        Metrics(sums)
+        Metrics { sums, series }
     }
+
+    /// The statement kinds that took the most time between `before` and `self` (the servers'
+    /// `bc_db_statement_seconds`, measured where they wait for the database, so time queued
+    /// for a busy database counts): at most `top` of them, the longest first, each with its
+    /// seconds and its number of statements.
+    pub fn statements_since(&self, before: &Metrics, top: usize) -> Vec<StatementTime> {
+        let since = |name: &str| -> BTreeMap<String, f64> {
+            let earlier = before.series(name);
+            self.series(name)
+                .into_iter()
+                .map(|(labels, value)| {
+                    let kind = labels
+                        .strip_prefix("statement=\"")
+                        .and_then(|rest| rest.strip_suffix('"'))
+                        .unwrap_or(labels);
+                    (
+                        kind.to_owned(),
+                        value - earlier.get(labels).copied().unwrap_or(0.0),
+                    )
+                })
+                .collect()
+        };
+        let counts = since("bc_db_statement_seconds_count");
+        let mut times: Vec<StatementTime> = since("bc_db_statement_seconds_sum")
+            .into_iter()
+            .filter(|(_, seconds)| *seconds > 0.0)
+            .map(|(kind, seconds)| StatementTime {
+                statements: counts.get(&kind).copied().unwrap_or(0.0),
+                kind,
+                seconds,
+            })
+            .collect();
+        times.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+        times.truncate(top);
+        times
+    }
+}
+
+/// One kind of statement's time over a stretch ([`Metrics::statements_since`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StatementTime {
+    /// Its verb and table (`select nodes`).
+    pub kind: String,
+    pub seconds: f64,
+    pub statements: f64,
 }
 
 /// The benchmark's own CPU time so far, in clock ticks (see [`clock_ticks_per_second`]).
@@ -899,12 +965,11 @@ fn cpu_ticks(stat_path: &str) -> anyhow::Result<f64> {
     Ok(field(11)? + field(12)?)
 }
 
-/// The clock ticks in a second of CPU time, to turn [`Server::cpu_ticks`] and
-/// [`own_cpu_ticks`] into seconds.
-/// CPU time in clock ticks (from `/proc`), spent over `wall`, as % of one core.
-/// The CPU time every core of the machine has spent busy (not idle, not waiting for I/O), in
-/// clock ticks, from the first line of `/proc/stat`: with the servers' and the simulator's,
-/// it shows how much the rest (the database) took, and whether the machine was full.
+/// The CPU time every core of the machine has spent busy, in clock ticks, from the first line
+/// of `/proc/stat`: user, nice, system, irq and softirq time; not idle, not waiting for I/O,
+/// and not stolen (time the hypervisor gave other machines, which no process here used).
+/// Beside the servers' and the simulator's, it shows whether the machine was full and how
+/// much the rest (mostly the database, also the kernel's network work) took.
 pub fn machine_busy_ticks() -> anyhow::Result<f64> {
     busy_ticks(&std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?)
 }
@@ -921,17 +986,20 @@ fn busy_ticks(stat: &str) -> anyhow::Result<f64> {
         .map(str::parse)
         .collect::<Result<_, _>>()
         .context("a /proc/stat cpu line")?;
-    // user nice system idle iowait irq softirq steal: all but idle and iowait.
-    let [user, nice, system, _idle, _iowait, irq, softirq, steal, ..] = ticks[..] else {
+    // user nice system idle iowait irq softirq steal ...; guest time is already in user.
+    let [user, nice, system, _idle, _iowait, irq, softirq, _steal, ..] = ticks[..] else {
         anyhow::bail!("a short /proc/stat cpu line: {line}");
     };
-    Ok(user + nice + system + irq + softirq + steal)
+    Ok(user + nice + system + irq + softirq)
 }
 
+/// CPU time in clock ticks (from `/proc`), spent over `wall`, as % of one core.
 pub fn share_of_a_core(ticks: f64, clk_tck: f64, wall: Duration) -> f64 {
     100.0 * ticks / clk_tck / wall.as_secs_f64().max(0.001)
 }
 
+/// The clock ticks in a second of CPU time, to turn [`Server::cpu_ticks`] and
+/// [`own_cpu_ticks`] into seconds.
 pub async fn clock_ticks_per_second() -> f64 {
     match Command::new("getconf").arg("CLK_TCK").output().await {
         Ok(output) => String::from_utf8_lossy(&output.stdout)
@@ -1474,9 +1542,51 @@ mod tests {
     }
 
     #[test]
-    fn the_machine_is_busy_in_all_but_idle_and_io_wait() {
+    fn statements_are_ranked_by_their_time_since_a_reading() {
+        let before = Metrics::parse(concat!(
+            "bc_db_statement_seconds_sum{statement=\"select nodes\"} 1.5\n",
+            "bc_db_statement_seconds_count{statement=\"select nodes\"} 10\n",
+            "bc_db_statement_seconds_sum{statement=\"update node_sessions\"} 4\n",
+            "bc_db_statement_seconds_count{statement=\"update node_sessions\"} 40\n",
+        ));
+        let after = |sessions: &str| {
+            Metrics::parse(&format!(
+                "bc_db_statement_seconds_sum{{statement=\"select nodes\"}} 2.5\n\
+                 bc_db_statement_seconds_count{{statement=\"select nodes\"}} 30\n\
+                 bc_db_statement_seconds_sum{{statement=\"update node_sessions\"}} {sessions}\n\
+                 bc_db_statement_seconds_count{{statement=\"update node_sessions\"}} 45\n\
+                 bc_db_statement_seconds_sum{{statement=\"insert events\"}} 0.5\n\
+                 bc_db_statement_seconds_count{{statement=\"insert events\"}} 5\n"
+            ))
+        };
+        // Two replicas read as one: each series summed.
+        let two = Metrics::sum([after("6"), after("6")]);
+        let ranked = two.statements_since(&before, 2);
+        let kinds: Vec<(&str, f64, f64)> = ranked
+            .iter()
+            .map(|t| (t.kind.as_str(), t.seconds, t.statements))
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                ("update node_sessions", 8.0, 50.0),
+                ("select nodes", 3.5, 50.0)
+            ]
+        );
+        assert_eq!(two.get("bc_db_statement_seconds_count"), Some(160.0));
+        // A kind that took no time since is left out.
+        assert!(
+            after("4")
+                .statements_since(&before, 5)
+                .iter()
+                .all(|t| t.kind != "update node_sessions")
+        );
+    }
+
+    #[test]
+    fn the_machine_is_busy_in_all_but_idle_io_wait_and_steal() {
         let stat = "cpu  100 2 30 5000 40 6 7 8 0 0\ncpu0 50 1 15 2500 20 3 3 4 0 0\n";
-        assert_eq!(busy_ticks(stat).expect("ticks"), 153.0);
+        assert_eq!(busy_ticks(stat).expect("ticks"), 145.0);
         assert!(busy_ticks("cpu  1 2 3\n").is_err());
         assert!(busy_ticks("intr 5\n").is_err());
         assert!(machine_busy_ticks().expect("this machine's ticks") > 0.0);

@@ -432,13 +432,16 @@ async fn metrics_of(apis: &[Api]) -> anyhow::Result<bench::Metrics> {
 const FAILOVER_TIMEOUT: Duration = Duration::from_secs(120);
 /// How often the failover is watched.
 const FAILOVER_POLL: Duration = Duration::from_millis(250);
-/// How often the API is asked whether the failover is over. Each ask counts the connected
-/// nodes, a scan of the node table that took 0.2 to 0.5 s at 50,000 nodes during a failover,
-/// so asking back to back kept a database backend busy on a machine the failover already
-/// filled; once a second measures it to the second and costs a fraction of that.
+/// How often the API is asked whether the failover is over. Each ask is two counts, one of
+/// them of the connected nodes (a scan of the node table), which took 0.08 to 0.52 s at
+/// 50,000 nodes during a failover; asked every 250 ms, a count followed the last one almost
+/// at once, on a machine the failover already filled. Once a second costs a fraction of
+/// that, and the failover's end is known to within about a second and a count.
 const FAILOVER_COUNT_EVERY: Duration = Duration::from_secs(1);
 /// How often a cordon goes through a surviving replica during the failover.
 const FAILOVER_CORDON_EVERY: Duration = Duration::from_millis(100);
+/// How many statement kinds the failover's report lists, by the time they took.
+const FAILOVER_STATEMENT_KINDS: usize = 8;
 /// How often the failover's trace notes the daemons connected and the CPU taken since.
 const FAILOVER_TRACE_EVERY: Duration = Duration::from_secs(10);
 
@@ -450,9 +453,9 @@ struct Failover {
     killed_leader: bool,
     /// From the kill until another replica ran the controllers (the killed one led them).
     new_leader: Option<Duration>,
-    /// From the kill until every daemon had a session again (the simulator's count; the
-    /// reconnects' TLS handshakes and upgrades queue through its handshake slots,
-    /// `--join-concurrency`).
+    /// From the kill until every daemon had a session again (the simulator's count; each
+    /// reconnect holds one of the simulator's handshake slots, `--join-concurrency` shared
+    /// among its processes, from its TCP connect to `welcome`).
     reconnected: Duration,
     /// From the kill until the API showed every node connected with its session on a
     /// surviving replica's gateway: the control plane's own view of the failover.
@@ -462,6 +465,9 @@ struct Failover {
     failures: Vec<String>,
     /// The course of the reconnects, and what failed on the way there.
     trace: FailoverTrace,
+    /// The statement kinds that took the surviving servers the most time, from the kill to
+    /// the end of the failover.
+    statements: Vec<bench::StatementTime>,
 }
 
 /// The failover's course, a point about every [`FAILOVER_TRACE_EVERY`] after the kill and
@@ -477,15 +483,15 @@ struct TracePoint {
     /// Since the kill.
     at: Duration,
     connected: u64,
-    /// The API's last count before this point, if one had answered since the last point.
+    /// The API's latest count at this point, if one had answered yet.
     api: Option<ServedCounts>,
     /// The surviving servers' CPU since the previous point, in % of one core.
     server_cpu: f64,
     /// The simulator processes' and the benchmark's CPU since the previous point, in % of
     /// one core.
     sim_cpu: f64,
-    /// The whole machine's busy CPU since the previous point, in % of one core (the
-    /// database's is the rest after the servers' and the simulator's).
+    /// The whole machine's busy CPU since the previous point, in % of one core (what the
+    /// servers and the simulator did not take is mostly the database's).
     machine_cpu: f64,
 }
 
@@ -539,7 +545,7 @@ impl FailoverTrace {
             .iter()
             .map(|point| {
                 let api = point.api.as_ref().map_or_else(
-                    || "no count answered".to_owned(),
+                    || "no count answered yet".to_owned(),
                     |c| {
                         format!(
                             "{} connected, {} on the dead gateway (counted in {:.2} s)",
@@ -614,6 +620,7 @@ async fn kill_one_replica(
         points: Vec::new(),
         errors: ErrorCounts::default(),
     };
+    let statements_before = metrics_of(&survivors).await?;
     let mut cpu = CpuReading::take(servers, fleet)?;
     let killed = Instant::now();
     let mut next_point = killed + FAILOVER_TRACE_EVERY;
@@ -654,6 +661,9 @@ async fn kill_one_replica(
         let dead_gateway = victim.gateway_id().to_owned();
         async move {
             let mut ticker = tokio::time::interval(FAILOVER_COUNT_EVERY);
+            // A count slower than the interval is followed by the next one a whole interval
+            // later, not at once.
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 ticker.tick().await;
                 let Some(api) = survivors.choose(&mut rand::rng()) else {
@@ -676,6 +686,23 @@ async fn kill_one_replica(
     let mut ticker = tokio::time::interval(FAILOVER_POLL);
     let watched = loop {
         ticker.tick().await;
+        // Read first, so that a count that showed the failover over before the timeout is
+        // not taken for a timeout. Until every node has a session on a survivor, some is
+        // still counted on the dead gateway or not connected; it is over, at the latest, when
+        // the first count that showed it was answered.
+        while let Ok((counts, answered)) = counted.try_recv() {
+            match counts {
+                Ok(counts) => {
+                    if served.is_none() && counts.connected == nodes && counts.on_dead == 0 {
+                        served = Some(answered);
+                    }
+                    last_count = Some(counts);
+                }
+                Err(err) => {
+                    failures.push(format!("counting the nodes the survivors serve: {err:#}"))
+                }
+            }
+        }
         if let Err(err) = fleet.check() {
             break Err(err);
         }
@@ -691,15 +718,15 @@ async fn kill_one_replica(
             if let Err(err) = trace.point(
                 killed,
                 progress.connected,
-                last_count.take(),
+                last_count.clone(),
                 &mut cpu,
                 servers,
                 fleet,
             ) {
                 break Err(err);
             }
-            // A pass of this loop may take a while under load (the survivors' metrics, the
-            // counts), so the next point is due an interval after this one, not on a fixed grid.
+            // A pass of this loop may take a while under load (the survivors' metrics), so the
+            // next point is due an interval after this one, not on a fixed grid.
             next_point = Instant::now() + FAILOVER_TRACE_EVERY;
         }
         if reconnected.is_none()
@@ -716,22 +743,6 @@ async fn kill_one_replica(
                     }
                     Ok(_) => {}
                     Err(err) => failures.push(format!("metrics: {err:#}")),
-                }
-            }
-        }
-        // Until every node has a session on a survivor, some is still counted on the dead
-        // gateway or not connected. It is over, at the latest, when the first count that
-        // showed it was answered.
-        while let Ok((counts, answered)) = counted.try_recv() {
-            match counts {
-                Ok(counts) => {
-                    if served.is_none() && counts.connected == nodes && counts.on_dead == 0 {
-                        served = Some(answered);
-                    }
-                    last_count = Some(counts);
-                }
-                Err(err) => {
-                    failures.push(format!("counting the nodes the survivors serve: {err:#}"))
                 }
             }
         }
@@ -761,6 +772,15 @@ async fn kill_one_replica(
     }
     last_point?;
     failures.extend(cordon_failures);
+    let statements = match metrics_of(&survivors).await {
+        Ok(after) => after.statements_since(&statements_before, FAILOVER_STATEMENT_KINDS),
+        Err(err) => {
+            failures.push(format!(
+                "the survivors' metrics after the failover: {err:#}"
+            ));
+            Vec::new()
+        }
+    };
     Ok(Failover {
         sessions_lost,
         killed_leader: leader.is_some(),
@@ -770,11 +790,13 @@ async fn kill_one_replica(
         cordon,
         failures,
         trace,
+        statements,
     })
 }
 
 /// What the API counts during a failover: the nodes connected, and those whose open session
 /// is still on the dead gateway. It is over when all are connected and none is on it.
+#[derive(Clone)]
 struct ServedCounts {
     connected: u64,
     on_dead: u64,
@@ -1010,6 +1032,18 @@ impl Report {
                 ),
             ]);
             rows.extend(f.trace.rows());
+            rows.push((
+                "  the survivors' statements, most time first".into(),
+                "seconds in statements (waits for the database included)".into(),
+                "",
+            ));
+            rows.extend(f.statements.iter().map(|t| {
+                (
+                    format!("    {}", t.kind),
+                    format!("{:.1} s in {:.0}", t.seconds, t.statements),
+                    "",
+                )
+            }));
         }
         let mut out = std::io::stdout().lock();
         writeln!(out)?;
