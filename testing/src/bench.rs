@@ -890,9 +890,9 @@ impl Metrics {
     }
 
     /// The statement kinds that took the most time between `before` and `self` (the servers'
-    /// `bc_db_statement_seconds`, measured where they wait for the database, so time queued
-    /// for a busy database counts): at most `top` of them, the longest first, each with its
-    /// seconds and its number of statements.
+    /// `bc_db_statement_seconds`, timed by sea-orm from when a statement has its connection:
+    /// a busy database's queue counts, the wait for a pool connection does not): at most
+    /// `top` of them, the longest first, each with its seconds and its number of statements.
     pub fn statements_since(&self, before: &Metrics, top: usize) -> Vec<StatementTime> {
         let since = |name: &str| -> BTreeMap<String, f64> {
             let earlier = before.series(name);
