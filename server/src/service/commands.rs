@@ -314,7 +314,7 @@ impl Services {
     ) -> ApiResult<Command> {
         let txn = self.store.write().await?;
         if let Some(node) = proving {
-            nodes::lock(&*txn, node).await?;
+            txn.lock_nodes(std::slice::from_ref(node)).await?;
         }
         let mut command = commands::load(&*txn, id, true)
             .await?
@@ -482,7 +482,7 @@ impl Services {
             .collect();
         let txn = self.store.write().await?;
         // Node rows before command rows (ARCHITECTURE.md, Invariants: lock order).
-        nodes::lock_many(&*txn, &proving).await?;
+        txn.lock_nodes(&proving).await?;
         let mut locked = commands::load_many(&*txn, &ids, true).await?;
         let now = self.clock.now();
         let mut changed: Vec<CommandChange> = Vec::new();

@@ -47,7 +47,7 @@ impl Services {
         // The node rows before their inventory rows (ARCHITECTURE.md, Invariants: lock
         // order), since the controller changes the nodes below.
         let ids: Vec<NodeId> = reports.iter().map(|(id, _)| id.clone()).collect();
-        nodes::lock_many(&*txn, &ids).await?;
+        txn.lock_nodes(&ids).await?;
         let runs = reports
             .iter()
             .map(|(node_id, report)| {
@@ -93,7 +93,7 @@ impl Services {
             let ids: Vec<NodeId> = page.iter().map(|node| node.id.clone()).collect();
             for ids in ids.chunks(REEVALUATED_PER_TRANSACTION) {
                 let txn = self.store.write().await?;
-                nodes::lock_many(&*txn, ids).await?;
+                txn.lock_nodes(ids).await?;
                 let runs = ids
                     .iter()
                     .map(|node_id| InventoryRun {

@@ -632,7 +632,7 @@ impl Services {
             .iter()
             .filter_map(|found| found.as_ref().ok()?.as_ref().map(|(id, _)| id.clone()))
             .collect();
-        nodes::lock_many(&**txn, &taken).await?;
+        txn.lock_nodes(&taken).await?;
         for ((at, (_, join)), found) in round.iter().enumerate().zip(found) {
             let (site, pool) = &placements[&join.token.id];
             let outcome = match found {

@@ -135,8 +135,8 @@ impl Services {
     /// every gateway replica refuses its next heartbeat.
     ///
     /// The node row is locked here; a caller that locks another row of the node first (its
-    /// session, say) must lock the node before it ([`nodes::lock`]), to keep the lock order
-    /// of ARCHITECTURE.md's Invariants.
+    /// session, say) must lock the node before it ([`WriteTxn::lock_nodes`], which this
+    /// lock then skips), to keep the lock order of ARCHITECTURE.md's Invariants.
     #[allow(clippy::too_many_arguments)]
     pub async fn change_node_in<F>(
         &self,
@@ -218,7 +218,9 @@ impl Services {
         F: NodeTransition,
     {
         let ids: Vec<NodeId> = items.iter().map(|(_, item)| item.id.clone()).collect();
-        let mut loaded = nodes::load_many(&**txn, &ids, true).await?;
+        // Locked through the transaction, which skips the nodes a batch locked already.
+        txn.lock_nodes(&ids).await?;
+        let mut loaded = nodes::load_many(&**txn, &ids, false).await?;
         let now = self.clock.now();
         let decided: Vec<Decided> = items
             .into_iter()

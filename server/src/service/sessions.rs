@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::Services;
 use super::node_changes::NodeChangeRequest;
-use super::store::{inventory, nodes, sessions};
+use super::store::{inventory, sessions};
 use crate::error::{ApiError, ApiResult};
 use crate::pki::NodeIdentity;
 
@@ -55,7 +55,7 @@ impl Services {
         let gateway = Actor::Controller("gateway".into());
         let txn = self.store.write().await?;
         // The node rows before their session rows (ARCHITECTURE.md, Invariants: lock order).
-        nodes::lock_many(&*txn, &ids).await?;
+        txn.lock_nodes(&ids).await?;
         let epochs = sessions::next_epochs(&*txn, &ids).await?;
         // The gateway checked each certificate before the upgrade
         // ([`Services::check_identity`]); a revocation since then is caught here, by the
@@ -126,7 +126,7 @@ impl Services {
         let txn = self.store.write().await?;
         let now = self.clock.now();
         // The node row before its session row (ARCHITECTURE.md, Invariants: lock order).
-        nodes::lock(&*txn, node_id).await?;
+        txn.lock_nodes(std::slice::from_ref(node_id)).await?;
         // Still the node's latest session: its end disconnects the node, even when the row
         // was already closed (a revoked identity closes it in the revoking transaction).
         let closed = sessions::close(&*txn, node_id, epoch, now).await?;

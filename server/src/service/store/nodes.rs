@@ -59,18 +59,6 @@ pub async fn load_many(
     Ok(loaded)
 }
 
-/// Locks one node row until the transaction ends, without reading it (PostgreSQL). A
-/// transaction that writes a node's session or inventory row as well as the node takes this
-/// first: node rows come first in the lock order of ARCHITECTURE.md's Invariants. SQLite's
-/// write transaction holds the whole database already, so there it runs no statement: the
-/// writer runs a few of these for every node that connects.
-pub async fn lock(conn: &impl ConnectionTrait, id: &NodeId) -> anyhow::Result<()> {
-    if conn.get_database_backend() == DbBackend::Postgres {
-        lock_existing(conn, id).await?;
-    }
-    Ok(())
-}
-
 /// The class of the advisory locks on hardware keys: the first of the two-key form, whose
 /// locks are apart from the event-order lock's one-key form (an arbitrary constant).
 const HARDWARE_KEY_LOCK_CLASS: i32 = 0x6268_6b79;
@@ -102,7 +90,9 @@ pub async fn lock_hardware_keys(conn: &impl ConnectionTrait, keys: &[&str]) -> a
     Ok(())
 }
 
-/// [`lock`], on every backend, and whether the node exists.
+/// Locks one node row until the transaction ends, on every backend (SQLite's write
+/// transaction holds the whole database already, so there it only reads), and says whether
+/// the node exists.
 pub async fn lock_existing(conn: &impl ConnectionTrait, id: &NodeId) -> anyhow::Result<bool> {
     let select = node::Entity::find_by_id(id.to_string())
         .select_only()
@@ -223,8 +213,10 @@ pub async fn pools_of(
 
 /// Locks several node rows until the transaction ends, in id order (the lock order of
 /// ARCHITECTURE.md's Invariants), without reading them: a batch that writes other rows of
-/// its nodes (their sessions) takes all its node locks first. Like [`lock`], it runs no
-/// statement on SQLite, whose write transaction holds the whole database already.
+/// its nodes (their sessions) takes all its node locks first, through
+/// [`super::WriteTxn::lock_nodes`], which remembers them. It runs no statement on SQLite,
+/// whose write transaction holds the whole database already: the writer would run a few of
+/// these for every node that connects.
 pub async fn lock_many(conn: &impl ConnectionTrait, ids: &[NodeId]) -> anyhow::Result<()> {
     if conn.get_database_backend() != DbBackend::Postgres {
         return Ok(());

@@ -118,10 +118,17 @@ pub async fn current_epoch(
         .map(|s| s.epoch))
 }
 
-/// How many heartbeats one statement writes: two parameters each, well inside both
-/// backends' limits (SQLite 32,766); a thousand beats are a tenth of a second of a
-/// 10,000-node fleet's.
-const HEARTBEAT_CHUNK: usize = 1_000;
+/// How many heartbeats one statement reads or writes (a power of two: [`runs`]).
+///
+/// Small enough that PostgreSQL keeps the plan that looks each row up by its key. Its
+/// planner prices an index lookup as a read from disk (`random_page_cost`), so from about
+/// 500 rows on it joins a `VALUES` list (or, from about a thousand, an `= ANY` array) to
+/// `node_sessions` by a sequential scan of the whole table instead: at 50,000 nodes, 512
+/// beats took 15.5 ms that way against 1.8 ms for 300 looked up by key (BENCHMARKS.md,
+/// session 29). Batches that large come when the database is slow, during a bring-up or a
+/// failover, so the slow plan made a slow database slower. On SQLite, with no such plan,
+/// it costs one statement more per 256 beats.
+const HEARTBEAT_CHUNK: usize = 256;
 
 /// Records heartbeats: `last_seen` of each (node, epoch) that is still the current, open
 /// session. Returns the entries that were not (their session was superseded or closed).
@@ -196,7 +203,7 @@ pub async fn record_heartbeats(
         // UPDATE node_sessions SET last_seen = beat.column2 FROM (VALUES (id, at), …) AS beat
         // WHERE node_sessions.node_id = beat.column1 (both backends name a VALUES list's
         // columns column1, column2, …), a run of beats at a time (batch_shapes).
-        for current in runs(current, HEARTBEAT_CHUNK.next_power_of_two()) {
+        for current in runs(current, HEARTBEAT_CHUNK) {
             let beat = || Alias::new("beat");
             let update = Query::update()
                 .table(node_session::Entity)
