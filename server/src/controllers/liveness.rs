@@ -76,13 +76,15 @@ use bc_core::axes::Connectivity;
 use bc_core::brake::{self, BrakeNumbers, BrakeRule, BrakeStatus, BrakeStep, LivenessBrake};
 use bc_core::event::EventType;
 use bc_core::ids::SiteId;
+use bc_core::node::NodeRecord;
 use chrono::{DateTime, Utc};
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{Applied, apply};
+use super::{Applied, apply, judge};
 use crate::config::LivenessConfig;
 use crate::service::Services;
 use crate::service::liveness::{Candidate, SiteLiveness};
+use crate::service::node_changes::NodeTransition;
 
 /// The controller's name: events and reasons say `controller:liveness`.
 pub const ACTOR: &str = "liveness";
@@ -228,17 +230,21 @@ impl LivenessController {
         } else {
             self.update_brakes(now, &silent, &stored, &mut report)
                 .await?;
-            for (node, to, cause) in silent
-                .iter()
-                .map(|n| (n, Connectivity::Unreachable, CAUSE_TIMEOUT))
-                .chain(expired.iter().map(|n| (n, Connectivity::Lost, CAUSE_LOST)))
-            {
+            for node in &silent {
                 if self.paused.contains(&node.site_id) {
                     report.held_by_brake += 1;
                     continue;
                 }
-                let applied = self.transition(node, to, cause).await;
-                report.count(applied, to);
+                let applied = self.mark_silent(node, cutoff).await;
+                report.count(applied, Connectivity::Unreachable);
+            }
+            for node in &expired {
+                if self.paused.contains(&node.site_id) {
+                    report.held_by_brake += 1;
+                    continue;
+                }
+                let applied = self.transition(node, Connectivity::Lost, CAUSE_LOST).await;
+                report.count(applied, Connectivity::Lost);
             }
         }
 
@@ -249,22 +255,38 @@ impl LivenessController {
 
     /// Moves one candidate's connectivity, if it is still what the query saw.
     async fn transition(&self, node: &Candidate, to: Connectivity, cause: &str) -> Applied {
-        let seen = node.connectivity;
         apply(
             &self.services,
             &self.actor,
             &node.node_id,
             node.version,
             cause,
-            move |record, actor, now| {
-                // The version check already guarantees this; a cheap second guard.
-                if record.connectivity != seen {
-                    return Ok(Vec::new());
-                }
-                Ok(record.set_connectivity(to, actor, now))
-            },
+            move_connectivity(node.connectivity, to),
         )
         .await
+    }
+
+    /// Marks a silent candidate `unreachable`, unless its daemon was heard at or after
+    /// `cutoff` since the query: a daemon that comes back to a node still `connected` leaves
+    /// the node's version as it was ([`Services::change_silent_node`]).
+    async fn mark_silent(&self, node: &Candidate, cutoff: DateTime<Utc>) -> Applied {
+        let to = Connectivity::Unreachable;
+        let result = self
+            .services
+            .change_silent_node(
+                &self.actor,
+                node,
+                cutoff,
+                CAUSE_TIMEOUT,
+                move_connectivity(node.connectivity, to),
+            )
+            .await;
+        judge(
+            &self.actor,
+            &node.node_id,
+            CAUSE_TIMEOUT,
+            result.map(|after| after.is_some_and(|after| after.version > node.version)),
+        )
     }
 
     /// Re-evaluates the brake of every site with silent nodes and of every site with a
@@ -358,5 +380,17 @@ impl LivenessController {
             "minNodes": self.config.brake_min_nodes,
             "windowSecs": self.config.brake_window_secs,
         })
+    }
+}
+
+/// The change that moves a node's connectivity from `seen` (what the candidate query read)
+/// to `to`, and leaves a node whose connectivity is no longer `seen` alone. The version check
+/// already guarantees that; this is a cheap second guard.
+fn move_connectivity(seen: Connectivity, to: Connectivity) -> impl NodeTransition {
+    move |record: &mut NodeRecord, actor: &Actor, now: DateTime<Utc>| {
+        if record.connectivity != seen {
+            return Ok(Vec::new());
+        }
+        Ok(record.set_connectivity(to, actor, now))
     }
 }

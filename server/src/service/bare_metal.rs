@@ -234,7 +234,7 @@ impl Services {
     ) -> ApiResult<BareMetalNode> {
         principal.require(Role::Operator)?;
         let read = self.store.read().await?;
-        let record = nodes::load(&read, id, false)
+        let record = nodes::load(&read, id)
             .await?
             .filter(|n| n.deleted_at.is_none() && principal.can_see(n.owner_tenant_id.as_ref()))
             .ok_or_else(|| not_found(id))?;
@@ -265,7 +265,7 @@ impl Services {
         principal.require(Role::Operator)?;
         let (record, stored, system_uuid, allocations) = {
             let read = self.store.read().await?;
-            let record = nodes::load(&read, id, false)
+            let record = nodes::load(&read, id)
                 .await?
                 .filter(|n| n.deleted_at.is_none() && principal.can_see(n.owner_tenant_id.as_ref()))
                 .ok_or_else(|| not_found(id))?;

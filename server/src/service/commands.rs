@@ -314,7 +314,7 @@ impl Services {
     ) -> ApiResult<Command> {
         let txn = self.store.write().await?;
         if let Some(node) = proving {
-            txn.lock_nodes(std::slice::from_ref(node)).await?;
+            txn.lock_node(node).await?;
         }
         let mut command = commands::load(&*txn, id, true)
             .await?

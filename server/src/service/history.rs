@@ -82,7 +82,7 @@ impl Services {
         as_of: AsOf,
     ) -> ApiResult<NodeDetail> {
         let read = self.store.read().await?;
-        let current = nodes::load(&read, id, false)
+        let current = nodes::load(&read, id)
             .await?
             .filter(|n| principal.can_see(n.owner_tenant_id.as_ref()))
             .ok_or_else(|| not_found(id))?;

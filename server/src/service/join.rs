@@ -697,7 +697,8 @@ impl Services {
         now: DateTime<Utc>,
     ) -> ApiResult<PlacedJoin> {
         let (request, hw, token) = (join.request, &join.hardware, &join.token);
-        let existing = nodes::load(&**txn, existing_id, true)
+        // Locked with the batch's other taken-back nodes, in id order, before any was changed.
+        let existing = nodes::load(&**txn, existing_id)
             .await?
             .ok_or_else(|| ApiError::internal(anyhow::anyhow!("node {existing_id} vanished")))?;
         if existing.site_id != site.id {

@@ -7,10 +7,12 @@ use bc_core::Actor;
 use bc_core::brake::{BrakeStatus, LivenessBrake};
 use bc_core::event::EventType;
 use bc_core::ids::{SiteId, TenantId};
+use bc_core::node::NodeRecord;
 use chrono::{DateTime, Utc};
 use std::collections::HashMap;
 
 use super::Services;
+use super::node_changes::NodeTransition;
 use super::store::{WriteTxn, brakes, catalog, events, liveness};
 use crate::auth::{Principal, Role};
 use crate::error::{ApiError, ApiResult};
@@ -21,6 +23,50 @@ impl Services {
     /// `connected` and `disconnected` nodes with no heartbeat since `cutoff`.
     pub async fn silent_nodes(&self, cutoff: DateTime<Utc>) -> ApiResult<Vec<Candidate>> {
         Ok(liveness::silent(self.store.db(), cutoff).await?)
+    }
+
+    /// Changes a node that [`Services::silent_nodes`] found silent (Liveness marks it
+    /// `unreachable`), unless its daemon was heard at or after `cutoff` by the time the node
+    /// is locked: then nothing is written and the answer is `None`.
+    ///
+    /// The candidate's version alone cannot tell: a daemon that comes back to a node still
+    /// `connected` (its gateway died without closing the session) opens a session without
+    /// changing the node. Under load the controller marks its candidates many seconds after
+    /// its query, and in a failover at 100,000 nodes 2,492 nodes whose daemons had already
+    /// come back were marked `unreachable` and back (BENCHMARKS.md, session 29). A `hello`
+    /// locks the node before it writes the session, so once the lock is held here a session
+    /// opened since the query has committed, and the read after it sees it.
+    pub async fn change_silent_node<F>(
+        &self,
+        actor: &Actor,
+        candidate: &Candidate,
+        cutoff: DateTime<Utc>,
+        cause: &str,
+        change: F,
+    ) -> ApiResult<Option<NodeRecord>>
+    where
+        F: NodeTransition,
+    {
+        let txn = self.store.write().await?;
+        txn.lock_node(&candidate.node_id).await?;
+        if liveness::heard_since(&*txn, &candidate.node_id, cutoff).await? {
+            return Ok(None);
+        }
+        let everyone = |_: &NodeRecord| true;
+        let (after, changes) = self
+            .change_node_in(
+                &txn,
+                actor,
+                &candidate.node_id,
+                Some(candidate.version),
+                &everyone,
+                cause,
+                change,
+            )
+            .await?;
+        txn.commit().await?;
+        self.after_node_commit(&after, &changes);
+        Ok(Some(after))
     }
 
     /// `unreachable` and `lost` nodes whose open session heartbeated at or after `cutoff`.

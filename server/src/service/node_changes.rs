@@ -218,9 +218,10 @@ impl Services {
         F: NodeTransition,
     {
         let ids: Vec<NodeId> = items.iter().map(|(_, item)| item.id.clone()).collect();
-        // Locked through the transaction, which skips the nodes a batch locked already.
+        // Locked through the transaction, which skips the nodes that the caller, or an
+        // earlier round, locked already.
         txn.lock_nodes(&ids).await?;
-        let mut loaded = nodes::load_many(&**txn, &ids, false).await?;
+        let mut loaded = nodes::load_many(&**txn, &ids).await?;
         let now = self.clock.now();
         let decided: Vec<Decided> = items
             .into_iter()

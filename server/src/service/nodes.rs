@@ -38,7 +38,7 @@ impl Services {
     /// it did not exist.
     pub async fn node(&self, principal: &Principal, id: &NodeId) -> ApiResult<NodeDetail> {
         let read = self.store.read().await?;
-        let record = nodes::load(&read, id, false)
+        let record = nodes::load(&read, id)
             .await?
             .filter(|n| n.deleted_at.is_none());
         let record = record
@@ -53,7 +53,7 @@ impl Services {
     /// A node's full record (deleted ones included), for the platform's own use: the gateway,
     /// controllers and tests. People read the API view through [`Services::node`].
     pub async fn node_record(&self, id: &NodeId) -> ApiResult<Option<NodeRecord>> {
-        Ok(nodes::load(&self.store.read().await?, id, false).await?)
+        Ok(nodes::load(&self.store.read().await?, id).await?)
     }
 
     /// `nodes(filter, first, after)`.

@@ -128,7 +128,8 @@ impl Services {
         let txn = self.store.write().await?;
         // The node row first (ARCHITECTURE.md, Invariants: lock order); every writer of a
         // node's attempt rows holds it.
-        let Some(node) = nodes::load(&*txn, node_id, true).await? else {
+        txn.lock_node(node_id).await?;
+        let Some(node) = nodes::load(&*txn, node_id).await? else {
             return Ok(Advanced::Nothing);
         };
         let now = self.clock.now();

@@ -126,7 +126,7 @@ impl Services {
         let txn = self.store.write().await?;
         let now = self.clock.now();
         // The node row before its session row (ARCHITECTURE.md, Invariants: lock order).
-        txn.lock_nodes(std::slice::from_ref(node_id)).await?;
+        txn.lock_node(node_id).await?;
         // Still the node's latest session: its end disconnects the node, even when the row
         // was already closed (a revoked identity closes it in the revoking transaction).
         let closed = sessions::close(&*txn, node_id, epoch, now).await?;

@@ -100,7 +100,8 @@ impl Services {
         let cause = format!("provision:{action}");
         let txn = self.store.write().await?;
         // Lock order: the node first, then its workflow row.
-        let running = match nodes::load(&*txn, id, true).await? {
+        txn.lock_node(id).await?;
+        let running = match nodes::load(&*txn, id).await? {
             Some(n) if n.deleted_at.is_none() && visible(&n) => {
                 workflows::running_for(&*txn, id).await?
             }
@@ -277,7 +278,8 @@ impl Services {
         let visible = |n: &NodeRecord| p.can_see(n.owner_tenant_id.as_ref());
         let actor = p.actor();
         let txn = self.store.write().await?;
-        let running = match nodes::load(&*txn, id, true).await? {
+        txn.lock_node(id).await?;
+        let running = match nodes::load(&*txn, id).await? {
             Some(n) if n.deleted_at.is_none() && visible(&n) => {
                 n.expect_version(version)?;
                 workflows::running_for(&*txn, id).await?
@@ -357,7 +359,8 @@ impl Services {
         let actor = Actor::Controller(WORKFLOW_ACTOR.into());
         let now = self.clock.now();
         let txn = self.store.write().await?;
-        let Some(node) = nodes::load(&*txn, &before.node_id, true).await? else {
+        txn.lock_node(&before.node_id).await?;
+        let Some(node) = nodes::load(&*txn, &before.node_id).await? else {
             return Ok(Recorded::Dropped);
         };
         if node.deleted_at.is_some() || node.provision_state != before.kind.state() {
@@ -502,7 +505,7 @@ impl Services {
         handle: Option<&str>,
     ) -> ApiResult<Executed> {
         let read = self.store.read().await?;
-        let node = nodes::load(&read, &w.node_id, false)
+        let node = nodes::load(&read, &w.node_id)
             .await?
             .ok_or_else(|| not_found(&w.node_id))?;
         if node.deleted_at.is_some() || node.provision_state != w.kind.state() {

@@ -247,6 +247,63 @@ async fn a_silent_node_goes_unreachable_then_lost_and_comes_back() {
     .await;
 }
 
+/// A daemon that comes back to a node still `connected` (its gateway died without closing
+/// the session) opens a session without changing the node, so the version Liveness's query
+/// read cannot tell that it was heard since. The mark reads the session again under the
+/// node's lock: a node heard between the query and the mark stays `connected`, unchanged.
+#[tokio::test]
+async fn a_node_heard_between_the_query_and_the_mark_stays_connected() {
+    each_backend(async |s| {
+        s.server.stop_controllers().await;
+        let site = site(s).await;
+        let ids = connected_nodes(s, &site, 2).await;
+        let versions: Vec<i64> = [load(s, &ids[0]).await, load(s, &ids[1]).await]
+            .iter()
+            .map(|n| n.version)
+            .collect();
+        s.clock.advance(GRACE + Duration::seconds(1));
+        let cutoff = now(s) - GRACE;
+        let services = &s.server.services;
+        let mut silent = services
+            .silent_nodes(cutoff)
+            .await
+            .unwrap_or_else(|err| panic!("the silent nodes: {}", err.message()));
+        silent.sort_by_key(|c| ids.iter().position(|id| *id == c.node_id));
+        assert_eq!(
+            silent.iter().map(|c| &c.node_id).collect::<Vec<_>>(),
+            ids.iter().collect::<Vec<_>>()
+        );
+
+        // The first node's daemon is heard after the query, before the mark.
+        heartbeat(s, &ids[..1]).await;
+        let actor = Actor::Controller("liveness".into());
+        let mut marked = Vec::new();
+        for candidate in &silent {
+            let after = services
+                .change_silent_node(
+                    &actor,
+                    candidate,
+                    cutoff,
+                    CAUSE_TIMEOUT,
+                    |n: &mut NodeRecord, by: &Actor, at| {
+                        Ok(n.set_connectivity(Connectivity::Unreachable, by, at))
+                    },
+                )
+                .await
+                .unwrap_or_else(|err| panic!("marking a silent node: {}", err.message()));
+            marked.push(after.map(|n| n.connectivity));
+        }
+        assert_eq!(marked, [None, Some(Connectivity::Unreachable)]);
+        assert_eq!(
+            connectivity(s, &ids).await,
+            [Connectivity::Connected, Connectivity::Unreachable]
+        );
+        assert_eq!(load(s, &ids[0]).await.version, versions[0]);
+        assert_eq!(load(s, &ids[1]).await.version, versions[1] + 1);
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn nothing_happens_within_the_grace() {
     each_backend(async |s| {

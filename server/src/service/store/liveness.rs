@@ -124,6 +124,22 @@ pub async fn silent(
     .await
 }
 
+/// Whether the node's session heartbeated (or opened) at or after `cutoff`: the test
+/// [`silent`] applied to one node again, by the transaction about to mark it.
+pub async fn heard_since(
+    conn: &impl ConnectionTrait,
+    node_id: &NodeId,
+    cutoff: DateTime<Utc>,
+) -> anyhow::Result<bool> {
+    let query = Query::select()
+        .expr(Expr::val(1))
+        .from(node_session::Entity)
+        .and_where(session_col(node_session::Column::NodeId).eq(node_id.to_string()))
+        .and_where(session_col(node_session::Column::LastSeen).gte(cutoff))
+        .to_owned();
+    Ok(conn.query_one(&query).await?.is_some())
+}
+
 /// `unreachable` and `lost` nodes whose session is open and heartbeated at or after
 /// `cutoff`: the daemon is talking again.
 pub async fn heard_again(

@@ -101,13 +101,23 @@ impl WriteTxn {
         }
     }
 
-    /// Locks the node rows of `ids` that this transaction has not locked yet, in id order
-    /// ([`nodes::lock_many`]), until it ends. A batch that locks its nodes before writing
-    /// other rows of theirs (sessions, inventory, commands: the lock order of
-    /// ARCHITECTURE.md's Invariants) and then changes them ([`nodes::load_many`] through
-    /// `Services::change_nodes_in`) so takes each lock in one statement, not two: a daemon's
-    /// `hello` batch ran eight statements, and under load each waits for a busy database.
+    /// Locks the node rows of `ids` until the transaction ends, in id order (the lock order of
+    /// ARCHITECTURE.md's Invariants), skipping those it locked already. Every node change locks
+    /// its nodes through here (the placer's `SKIP LOCKED` reads and `powerNode`'s
+    /// [`nodes::lock_existing`] lock rows of their own). A batch that locks its nodes before
+    /// writing other rows of theirs (sessions, inventory, commands) and then changes them
+    /// (`Services::change_nodes_in`, which locks its nodes here too) so takes each lock in
+    /// one statement, not two. A hello batch locked its nodes twice before: 5,600 statements
+    /// and 12 s of the survivors' database time in a failover at 50,000 nodes (BENCHMARKS.md,
+    /// session 29).
+    ///
+    /// The ids of nodes that do not exist are remembered too: there is no row to lock, and
+    /// node ids are never reused. SQLite's write transaction holds the whole database
+    /// already, so there this runs nothing.
     pub async fn lock_nodes(&self, ids: &[NodeId]) -> anyhow::Result<()> {
+        if self.txn.get_database_backend() != DbBackend::Postgres {
+            return Ok(());
+        }
         let new: Vec<NodeId> = {
             let locked = self
                 .locked_nodes
@@ -127,6 +137,11 @@ impl WriteTxn {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .extend(new);
         Ok(())
+    }
+
+    /// [`WriteTxn::lock_nodes`] for one node.
+    pub async fn lock_node(&self, id: &NodeId) -> anyhow::Result<()> {
+        self.lock_nodes(std::slice::from_ref(id)).await
     }
 
     /// Queues events to be written at commit.

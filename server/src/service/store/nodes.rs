@@ -21,32 +21,22 @@ use super::batch_shapes::{one_of, runs};
 use super::node_filter::NodeFilter;
 use super::rows::{self, NodeChildren};
 
-/// Reads one node. `for_update` locks the row until the transaction ends (PostgreSQL).
-/// Deleted nodes are returned too; callers decide what a deleted node means to them.
-pub async fn load(
-    conn: &impl ConnectionTrait,
-    id: &NodeId,
-    for_update: bool,
-) -> anyhow::Result<Option<NodeRecord>> {
-    Ok(load_many(conn, std::slice::from_ref(id), for_update)
-        .await?
-        .remove(id))
+/// Reads one node ([`load_many`]). Deleted nodes are returned too; callers decide what a
+/// deleted node means to them.
+pub async fn load(conn: &impl ConnectionTrait, id: &NodeId) -> anyhow::Result<Option<NodeRecord>> {
+    Ok(load_many(conn, std::slice::from_ref(id)).await?.remove(id))
 }
 
 /// Reads several nodes, keyed by id, in one statement per [`IDS_PER_STATEMENT`] nodes (each
-/// row with its children, [`with_children`]); ids that name no node are left out.
-/// `for_update` first locks the rows in id order until the transaction ends (PostgreSQL; the
-/// lock order of ARCHITECTURE.md's Invariants), so the read that follows, a statement of its
-/// own at READ COMMITTED, sees each node as its last writer left it. Deleted nodes are
-/// returned too.
+/// row with its children, [`with_children`]); ids that name no node are left out. Deleted
+/// nodes are returned too. A transaction that changes what it reads locks the rows first,
+/// through [`super::WriteTxn::lock_nodes`] (in id order: the lock order of ARCHITECTURE.md's
+/// Invariants), so this read, a statement of its own at READ COMMITTED, sees each node as its
+/// last writer left it.
 pub async fn load_many(
     conn: &impl ConnectionTrait,
     ids: &[NodeId],
-    for_update: bool,
 ) -> anyhow::Result<HashMap<NodeId, NodeRecord>> {
-    if for_update {
-        lock_many(conn, ids).await?;
-    }
     let mut sorted: Vec<String> = ids.iter().map(ToString::to_string).collect();
     sorted.sort();
     sorted.dedup();
@@ -90,9 +80,8 @@ pub async fn lock_hardware_keys(conn: &impl ConnectionTrait, keys: &[&str]) -> a
     Ok(())
 }
 
-/// Locks one node row until the transaction ends, on every backend (SQLite's write
-/// transaction holds the whole database already, so there it only reads), and says whether
-/// the node exists.
+/// Says whether the node exists and, on PostgreSQL, locks its row until the transaction ends
+/// (not remembered by [`super::WriteTxn::lock_nodes`]).
 pub async fn lock_existing(conn: &impl ConnectionTrait, id: &NodeId) -> anyhow::Result<bool> {
     let select = node::Entity::find_by_id(id.to_string())
         .select_only()
@@ -212,12 +201,10 @@ pub async fn pools_of(
 }
 
 /// Locks several node rows until the transaction ends, in id order (the lock order of
-/// ARCHITECTURE.md's Invariants), without reading them: a batch that writes other rows of
-/// its nodes (their sessions) takes all its node locks first, through
-/// [`super::WriteTxn::lock_nodes`], which remembers them. It runs no statement on SQLite,
-/// whose write transaction holds the whole database already: the writer would run a few of
-/// these for every node that connects.
-pub async fn lock_many(conn: &impl ConnectionTrait, ids: &[NodeId]) -> anyhow::Result<()> {
+/// ARCHITECTURE.md's Invariants), without reading them (PostgreSQL): the statement of
+/// [`super::WriteTxn::lock_nodes`], which remembers what it locked and runs nothing on
+/// SQLite.
+pub(super) async fn lock_many(conn: &impl ConnectionTrait, ids: &[NodeId]) -> anyhow::Result<()> {
     if conn.get_database_backend() != DbBackend::Postgres {
         return Ok(());
     }
@@ -992,10 +979,7 @@ mod tests {
             take(),
             ["insert nodes", "delete node_labels", "insert node_labels"]
         );
-        let stored = load(&db, &node.id, false)
-            .await
-            .expect("load")
-            .expect("the node");
+        let stored = load(&db, &node.id).await.expect("load").expect("the node");
         assert_eq!(stored.labels, changed.labels);
     }
 }

@@ -21,8 +21,9 @@ use std::collections::{BTreeMap, HashMap};
 const OPEN_CHUNK: usize = 1_024;
 
 /// The epoch each node's next session gets: one more than its latest (open or closed), or 1
-/// for a node that never had one. The caller holds the nodes' locks ([`super::nodes::lock_many`]),
-/// so two hellos of one node take their epochs one after the other.
+/// for a node that never had one. The caller holds the nodes' locks
+/// ([`super::WriteTxn::lock_nodes`]), so two hellos of one node take their epochs one after
+/// the other.
 pub async fn next_epochs(
     conn: &impl ConnectionTrait,
     ids: &[NodeId],
@@ -121,25 +122,32 @@ pub async fn current_epoch(
 /// How many heartbeats one statement reads or writes (a power of two: [`runs`]).
 ///
 /// Small enough that PostgreSQL keeps the plan that looks each row up by its key. Its
-/// planner prices an index lookup as a read from disk (`random_page_cost`), so from about
-/// 500 rows on it joins a `VALUES` list (or, from about a thousand, an `= ANY` array) to
-/// `node_sessions` by a sequential scan of the whole table instead: at 50,000 nodes, 512
-/// beats took 15.5 ms that way against 1.8 ms for 300 looked up by key (BENCHMARKS.md,
-/// session 29). Batches that large come when the database is slow, during a bring-up or a
-/// failover, so the slow plan made a slow database slower. On SQLite, with no such plan,
-/// it costs one statement more per 256 beats.
+/// planner prices an index lookup as a read from disk (`random_page_cost`), so past some
+/// number of rows it joins a `VALUES` list (or an `= ANY` array) to `node_sessions` by a
+/// sequential scan of the whole table instead. At 50,000 nodes that was between 300 and 512
+/// rows for the write and between 512 and 1,024 for the read, and 512 beats took 15.5 ms
+/// that way against 1.8 ms for 300 looked up by key (BENCHMARKS.md, session 29). A flush
+/// holds the beats that arrived since the last one started, so it grows with the time the
+/// last one took: 225 ms on average, for about 170 beats, in a 50,000-node bring-up. The
+/// price, on both backends, is a read per 256 beats rather than per 1,000, and about as
+/// many writes as before.
 const HEARTBEAT_CHUNK: usize = 256;
+const _: () = assert!(
+    HEARTBEAT_CHUNK.is_power_of_two(),
+    "runs() splits by powers of two"
+);
 
 /// Records heartbeats: `last_seen` of each (node, epoch) that is still the current, open
 /// session. Returns the entries that were not (their session was superseded or closed).
 ///
-/// A fleet beats a thousand times a second per 10,000 nodes, so this costs two statements
-/// per [`HEARTBEAT_CHUNK`] beats, not one per beat: on SQLite each statement is a round trip
-/// to the database's thread while every other writer waits. The chunk's session rows are
-/// read (locked, on PostgreSQL, in node id order, so two replicas' batches that share rows
-/// take them in the same order: ARCHITECTURE.md, Invariants, lock order), the beats of
-/// current sessions are told apart from the stale ones, and one `UPDATE … FROM (VALUES …)`
-/// sets each current row's `last_seen`.
+/// A fleet beats a thousand times a second per 10,000 nodes, so this costs a read per
+/// [`HEARTBEAT_CHUNK`] beats and a write per power-of-two run of them ([`runs`]), not a
+/// statement per beat: on SQLite each statement is a round trip to the database's thread
+/// while every other writer waits. The chunk's session rows are read (locked, on
+/// PostgreSQL, in node id order, so two replicas' batches that share rows take them in the
+/// same order: ARCHITECTURE.md, Invariants, lock order), the beats of current sessions are
+/// told apart from the stale ones, and an `UPDATE … FROM (VALUES …)` per run sets each
+/// current row's `last_seen`.
 ///
 /// Of two beats of one node in a batch, only the one of the higher epoch can be current:
 /// a node's epoch only grows, so the row holds at least the higher one. The lower one is
