@@ -65,9 +65,13 @@
 //!
 //! Every transition passes the `version` its query read, so a node the gateway or an
 //! operator changed in between is skipped (`CONFLICT`, logged at `debug`) and looked at
-//! again next tick. A heartbeat lands in `node_sessions` without touching the node row, so
-//! one that arrives between the query and the write can still see its node marked
-//! `unreachable`; the next tick reads the fresh `last_seen` and makes it `connected` again.
+//! again next tick. A daemon that comes back to a node still `connected` (its gateway died
+//! without closing the session) and its heartbeats land in `node_sessions` without
+//! changing the node, so the mark of a silent node reads the session again once it holds
+//! the node's lock (`Services::change_silent_node`), which a `hello` takes before writing
+//! the session: a node heard since the cutoff by then is left alone. A heartbeat that
+//! commits after that read can still see its node marked `unreachable`; the next tick reads
+//! the fresh `last_seen` and makes it `connected` again.
 //!
 //! [`paused_sites`]: LivenessController::paused_sites
 
@@ -114,7 +118,8 @@ pub struct LivenessReport {
     pub held_by_brake: usize,
     /// `unreachable`/`lost` transitions not made because of the startup hold.
     pub held_at_startup: usize,
-    /// Nodes that changed since the query (`CONFLICT`) or disappeared; next tick retries.
+    /// Nodes that changed since the query (`CONFLICT`), disappeared, or were heard again
+    /// before their mark was written; next tick looks at them again.
     pub skipped: usize,
     /// Nodes whose change failed otherwise (logged at `warn`).
     pub failed: usize,

@@ -32,8 +32,9 @@ impl Services {
     /// The candidate's version alone cannot tell: a daemon that comes back to a node still
     /// `connected` (its gateway died without closing the session) opens a session without
     /// changing the node. Under load the controller marks its candidates many seconds after
-    /// its query, and in a failover at 100,000 nodes 2,492 nodes whose daemons had already
-    /// come back were marked `unreachable` and back (BENCHMARKS.md, session 29). A `hello`
+    /// its query: in a failover at 100,000 nodes 2,492 nodes were marked `unreachable`, and
+    /// 2,197 of them came back by a heartbeat rather than a `hello`, their new session open
+    /// before the mark (BENCHMARKS.md, session 29). A `hello`
     /// locks the node before it writes the session, so once the lock is held here a session
     /// opened since the query has committed, and the read after it sees it.
     pub async fn change_silent_node<F>(

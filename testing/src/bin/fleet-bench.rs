@@ -1015,7 +1015,7 @@ impl Report {
                         (false, _) => "(no replica said it led them)".to_owned(),
                         (true, None) => "never".to_owned(),
                         (true, Some(d)) => format!(
-                            "{:.1} s after the kill (asked once a second)",
+                            "{:.1} s after the kill (asked a second after the last answers)",
                             d.as_secs_f64()
                         ),
                     },

@@ -15,9 +15,9 @@ use sea_orm::sea_query::{Cond, Expr, ExprTrait, Func, Order, Query, SelectStatem
 use sea_orm::{ConnectionTrait, QueryResult};
 use std::collections::HashMap;
 
-/// A node a liveness rule picked, with what the rule saw. `version` is passed back to
-/// `apply_node_change`, so a node that changed since this query is skipped (`CONFLICT`)
-/// and looked at again next tick.
+/// A node a liveness rule picked, with what the rule saw. `version` is passed back with the
+/// change (`apply_node_change`, or `change_silent_node` for a silent one), so a node that
+/// changed since this query is skipped (`CONFLICT`) and looked at again next tick.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Candidate {
     pub node_id: NodeId,
@@ -124,8 +124,9 @@ pub async fn silent(
     .await
 }
 
-/// Whether the node's session heartbeated (or opened) at or after `cutoff`: the test
-/// [`silent`] applied to one node again, by the transaction about to mark it.
+/// Whether the node's session heartbeated (or opened) at or after `cutoff`: the session half
+/// of [`silent`]'s rule, read again by the transaction about to mark the node (the rest of
+/// the rule, its connectivity, is what the candidate's version guards).
 pub async fn heard_since(
     conn: &impl ConnectionTrait,
     node_id: &NodeId,

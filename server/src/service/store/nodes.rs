@@ -201,13 +201,10 @@ pub async fn pools_of(
 }
 
 /// Locks several node rows until the transaction ends, in id order (the lock order of
-/// ARCHITECTURE.md's Invariants), without reading them (PostgreSQL): the statement of
+/// ARCHITECTURE.md's Invariants), without reading them: the PostgreSQL statement of
 /// [`super::WriteTxn::lock_nodes`], which remembers what it locked and runs nothing on
 /// SQLite.
 pub(super) async fn lock_many(conn: &impl ConnectionTrait, ids: &[NodeId]) -> anyhow::Result<()> {
-    if conn.get_database_backend() != DbBackend::Postgres {
-        return Ok(());
-    }
     let mut sorted: Vec<String> = ids.iter().map(ToString::to_string).collect();
     sorted.sort();
     for chunk in sorted.chunks(IDS_PER_STATEMENT) {
@@ -499,7 +496,8 @@ const CHILD_WRITE_RUN: usize = 1_024;
 /// table whose contents changed, however many nodes a batch holds (on SQLite every
 /// statement is a round trip to the database's thread while every other writer waits).
 ///
-/// The caller loaded the rows locked in this transaction ([`load_many`] with `for_update`),
+/// The caller locked the rows in this transaction ([`super::WriteTxn::lock_nodes`]) and then
+/// read them ([`load_many`]),
 /// so nobody else can have written them since. The write checks it all the same: a row
 /// whose stored `version` is not below the new one is left alone, and any such row fails
 /// the whole write (the caller rolls back) rather than overwrite a newer node.
