@@ -69,9 +69,12 @@
 //! without closing the session) and its heartbeats land in `node_sessions` without
 //! changing the node, so the mark of a silent node reads the session again once it holds
 //! the node's lock (`Services::change_silent_node`), which a `hello` takes before writing
-//! the session: a node heard since the cutoff by then is left alone. A heartbeat that
-//! commits after that read can still see its node marked `unreachable`; the next tick reads
-//! the fresh `last_seen` and makes it `connected` again.
+//! the session: a node heard since the cutoff by then is left alone (counted as
+//! `heard_at_mark`). On PostgreSQL that read waits for a heartbeat written but not yet
+//! committed (`FOR SHARE`); SQLite has one writer, so nothing is uncommitted when it reads.
+//! A heartbeat batch that starts after that read waits for the mark to commit, and its node
+//! is `unreachable` until the next tick reads the fresh `last_seen` and makes it
+//! `connected` again.
 //!
 //! [`paused_sites`]: LivenessController::paused_sites
 
@@ -118,9 +121,13 @@ pub struct LivenessReport {
     pub held_by_brake: usize,
     /// `unreachable`/`lost` transitions not made because of the startup hold.
     pub held_at_startup: usize,
-    /// Nodes that changed since the query (`CONFLICT`), disappeared, or were heard again
-    /// before their mark was written; next tick looks at them again.
+    /// Nodes that changed since the query (`CONFLICT`), disappeared, or no longer needed the
+    /// change; next tick looks at them again.
     pub skipped: usize,
+    /// Silent nodes whose daemon was heard again between the query and the mark, so they
+    /// stayed as they were ([`Services::change_silent_node`]). Many of these mean the ticks
+    /// are written long after their query: a machine too busy for its fleet.
+    pub heard_at_mark: usize,
     /// Nodes whose change failed otherwise (logged at `warn`).
     pub failed: usize,
     /// Sites whose brake tripped this tick.
@@ -157,6 +164,11 @@ impl LivenessReport {
             Applied::Unchanged | Applied::Skipped => self.skipped += 1,
             Applied::Failed => self.failed += 1,
         }
+    }
+
+    fn count_heard_at_mark(&mut self) {
+        self.heard_at_mark += 1;
+        metrics::counter!("bc_liveness_heard_at_mark_total").increment(1);
     }
 }
 
@@ -240,8 +252,10 @@ impl LivenessController {
                     report.held_by_brake += 1;
                     continue;
                 }
-                let applied = self.mark_silent(node, cutoff).await;
-                report.count(applied, Connectivity::Unreachable);
+                match self.mark_silent(node, cutoff).await {
+                    Mark::Judged(applied) => report.count(applied, Connectivity::Unreachable),
+                    Mark::HeardAgain => report.count_heard_at_mark(),
+                }
             }
             for node in &expired {
                 if self.paused.contains(&node.site_id) {
@@ -274,7 +288,7 @@ impl LivenessController {
     /// Marks a silent candidate `unreachable`, unless its daemon was heard at or after
     /// `cutoff` since the query: a daemon that comes back to a node still `connected` leaves
     /// the node's version as it was ([`Services::change_silent_node`]).
-    async fn mark_silent(&self, node: &Candidate, cutoff: DateTime<Utc>) -> Applied {
+    async fn mark_silent(&self, node: &Candidate, cutoff: DateTime<Utc>) -> Mark {
         let to = Connectivity::Unreachable;
         let result = self
             .services
@@ -286,12 +300,12 @@ impl LivenessController {
                 move_connectivity(node.connectivity, to),
             )
             .await;
-        judge(
-            &self.actor,
-            &node.node_id,
-            CAUSE_TIMEOUT,
-            result.map(|after| after.is_some_and(|after| after.version > node.version)),
-        )
+        let changed = match result {
+            Ok(None) => return Mark::HeardAgain,
+            Ok(Some(after)) => Ok(after.version > node.version),
+            Err(err) => Err(err),
+        };
+        Mark::Judged(judge(&self.actor, &node.node_id, CAUSE_TIMEOUT, changed))
     }
 
     /// Re-evaluates the brake of every site with silent nodes and of every site with a
@@ -386,6 +400,14 @@ impl LivenessController {
             "windowSecs": self.config.brake_window_secs,
         })
     }
+}
+
+/// What became of a silent node's mark ([`LivenessController::mark_silent`]).
+enum Mark {
+    /// The mark was tried; what became of it.
+    Judged(Applied),
+    /// The node's daemon was heard again between the query and the mark: nothing written.
+    HeardAgain,
 }
 
 /// The change that moves a node's connectivity from `seen` (what the candidate query read)

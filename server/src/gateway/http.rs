@@ -107,11 +107,11 @@ async fn join(State(state): State<GatewayState>, request: axum::extract::Request
         Err(response) => return response,
     };
     let hostname = request.hostname.clone();
-    let answer = state.joins.submit(request).await.unwrap_or_else(|| {
-        Err(ApiError::Unavailable(
-            "the gateway is stopping or could not write the join; try again".into(),
-        ))
-    });
+    let answer = state
+        .joins
+        .submit(request)
+        .await
+        .unwrap_or_else(|| Err(unanswered("write the join")));
     match answer {
         Ok(identity) => Json(identity).into_response(),
         Err(err) => {
@@ -150,8 +150,16 @@ async fn ca_pem(State(state): State<GatewayState>) -> Response {
         .into_response()
 }
 
+/// What a request is answered when its batch gave no answer ([`super::Batches::submit`]):
+/// the gateway is stopping, or the batch panicked (logged). The daemon tries again.
+fn unanswered(what: &str) -> ApiError {
+    ApiError::Unavailable(format!(
+        "the gateway is stopping or could not {what}; try again"
+    ))
+}
+
 /// Upgrades to a bcd/v1 session after checking the certificate is of the node's current
-/// identity generation.
+/// identity generation (with other connections' checks, `gateway.identity`).
 async fn session(
     State(state): State<GatewayState>,
     Extension(peer): Extension<PeerIdentity>,
@@ -161,8 +169,12 @@ async fn session(
         Ok(identity) => identity.clone(),
         Err(err) => return error(err),
     };
-    if let Err(err) = attributed("gateway.identity", state.services.check_identity(&identity)).await
-    {
+    let checked = state
+        .identities
+        .submit(identity.clone())
+        .await
+        .unwrap_or_else(|| Err(unanswered("check the certificate")));
+    if let Err(err) = checked {
         metrics::counter!("bc_gateway_sessions_refused_total", "code" => err.code()).increment(1);
         return error(err);
     }

@@ -5,11 +5,11 @@
 //! per listener and per peer address at accept, and timed out in the TLS handshake, while
 //! headers are awaited and when idle (`listener.rs`; `[gateway]` in the configuration).
 
+mod batches;
 mod heartbeats;
 mod http;
 mod session;
 mod tls;
-mod write_batches;
 
 use bc_core::event::EventType;
 use std::net::SocketAddr;
@@ -24,15 +24,16 @@ use crate::error::{ApiError, ApiResult};
 use crate::listener::{
     Admitted, ConnectionGate, IdleTimeout, StopSignal, accept_loop, count_timeout, serve_http,
 };
+use crate::pki::NodeIdentity;
 use crate::service::Services;
 use crate::service::commands::{CommandReport, Dispatch, DispatchLook};
 use crate::service::inventory::ReportedSection;
 use crate::service::sessions::{Hello, OpenedSession};
+pub use batches::Batches;
 use bc_core::command::Command;
 use bc_core::ids::NodeId;
 use bc_core::protocol::{IssuedIdentity, JoinRequest};
 pub use heartbeats::HeartbeatWriter;
-pub use write_batches::WriteBatches;
 
 /// How long a shutting-down gateway waits for its sessions to say goodbye and record their
 /// end (commands requeued, the node `disconnected`).
@@ -45,18 +46,20 @@ pub(crate) struct GatewayState {
     pub gateway_id: Arc<str>,
     pub heartbeat_interval: Duration,
     pub heartbeats: HeartbeatWriter,
+    /// Connections' certificate checks before their upgrade to a session, read in batches.
+    pub identities: Batches<NodeIdentity, ApiResult<()>>,
     /// Joins, written in batches.
-    pub joins: WriteBatches<JoinRequest, ApiResult<IssuedIdentity>>,
+    pub joins: Batches<JoinRequest, ApiResult<IssuedIdentity>>,
     /// Hellos, opened in batches.
-    pub hellos: WriteBatches<Hello, ApiResult<OpenedSession>>,
+    pub hellos: Batches<Hello, ApiResult<OpenedSession>>,
     /// `converged` reports, written in batches.
-    pub convergences: WriteBatches<(NodeId, i64), ApiResult<()>>,
+    pub convergences: Batches<(NodeId, i64), ApiResult<()>>,
     /// Inventory reports, stored in batches.
-    pub inventories: WriteBatches<(NodeId, Vec<ReportedSection>), ApiResult<()>>,
+    pub inventories: Batches<(NodeId, Vec<ReportedSection>), ApiResult<()>>,
     /// Sessions' looks at their nodes' commands and spec, taken in batches.
-    pub dispatches: WriteBatches<DispatchLook, ApiResult<Dispatch>>,
+    pub dispatches: Batches<DispatchLook, ApiResult<Dispatch>>,
     /// Daemons' `command.started` and `command.result`, written in batches.
-    pub command_reports: WriteBatches<CommandReport, ApiResult<Command>>,
+    pub command_reports: Batches<CommandReport, ApiResult<Command>>,
     pub shutdown: watch::Receiver<bool>,
     pub session_tasks: SessionTasks,
 }
@@ -93,8 +96,9 @@ pub struct Gateway {
     pub gateway_id: String,
     shutdown: watch::Sender<bool>,
     task: JoinHandle<()>,
-    /// The heartbeat writer, the hello, convergence, inventory, dispatch and command report
-    /// batches and the command router, which stop with `shutdown`.
+    /// The heartbeat writer, the certificate check, join, hello, convergence, inventory,
+    /// dispatch and command report batches and the command router, which stop with
+    /// `shutdown`.
     background: Vec<JoinHandle<()>>,
     session_tasks: SessionTasks,
     services: Services,
@@ -122,9 +126,18 @@ impl Gateway {
         let (heartbeats, heartbeat_writer) =
             HeartbeatWriter::start(services.clone(), shutdown_rx.clone());
         let gateway_id: Arc<str> = gateway_id.into();
+        let (identities, identities_task) = {
+            let services = services.clone();
+            Batches::start(
+                "gateway.identity",
+                |_: &NodeIdentity| None,
+                move |batch| check_identities(services.clone(), batch),
+                shutdown_rx.clone(),
+            )
+        };
         let (joins, joins_task) = {
             let services = services.clone();
-            WriteBatches::start(
+            Batches::start(
                 "gateway.join",
                 |_: &JoinRequest| None,
                 move |batch: Vec<JoinRequest>| {
@@ -136,7 +149,7 @@ impl Gateway {
         };
         let (hellos, hellos_task) = {
             let (services, gateway_id) = (services.clone(), gateway_id.clone());
-            WriteBatches::start(
+            Batches::start(
                 "gateway.hello",
                 |hello: &Hello| Some(&hello.identity.node_id),
                 move |batch| open_sessions(services.clone(), gateway_id.clone(), batch),
@@ -145,7 +158,7 @@ impl Gateway {
         };
         let (convergences, convergences_task) = {
             let services = services.clone();
-            WriteBatches::start(
+            Batches::start(
                 "gateway.converged",
                 |(node, _): &(NodeId, i64)| Some(node),
                 move |batch| report_converged(services.clone(), batch),
@@ -154,7 +167,7 @@ impl Gateway {
         };
         let (inventories, inventories_task) = {
             let services = services.clone();
-            WriteBatches::start(
+            Batches::start(
                 "gateway.inventory",
                 |(node, _): &(NodeId, Vec<ReportedSection>)| Some(node),
                 move |batch| store_inventory(services.clone(), batch),
@@ -163,7 +176,7 @@ impl Gateway {
         };
         let (dispatches, dispatches_task) = {
             let services = services.clone();
-            WriteBatches::start(
+            Batches::start(
                 "gateway.dispatch",
                 |look: &DispatchLook| Some(&look.node_id),
                 move |batch| dispatch(services.clone(), batch),
@@ -172,7 +185,7 @@ impl Gateway {
         };
         let (command_reports, command_reports_task) = {
             let services = services.clone();
-            WriteBatches::start(
+            Batches::start(
                 "gateway.command_report",
                 |report: &CommandReport| Some(&report.node_id),
                 move |batch| report_commands(services.clone(), batch),
@@ -182,6 +195,7 @@ impl Gateway {
         let session_tasks = SessionTasks::default();
         let state = GatewayState {
             heartbeats,
+            identities,
             joins,
             hellos,
             convergences,
@@ -225,6 +239,7 @@ impl Gateway {
             task,
             background: vec![
                 heartbeat_writer,
+                identities_task,
                 joins_task,
                 hellos_task,
                 convergences_task,
@@ -353,7 +368,7 @@ async fn open_sessions(
     gateway_id: Arc<str>,
     batch: Vec<Hello>,
 ) -> Vec<ApiResult<OpenedSession>> {
-    written("opening sessions", &batch, |hellos| {
+    handled("opening sessions", &batch, |hellos| {
         services.open_sessions(&gateway_id, hellos)
     })
     .await
@@ -361,7 +376,7 @@ async fn open_sessions(
 
 /// One batch of `converged` reports ([`Services::report_converged_many`]).
 async fn report_converged(services: Services, batch: Vec<(NodeId, i64)>) -> Vec<ApiResult<()>> {
-    written("recording convergence", &batch, |reports| {
+    handled("recording convergence", &batch, |reports| {
         services.report_converged_many(reports)
     })
     .await
@@ -372,7 +387,7 @@ async fn store_inventory(
     services: Services,
     batch: Vec<(NodeId, Vec<ReportedSection>)>,
 ) -> Vec<ApiResult<()>> {
-    written("storing inventory", &batch, |reports| {
+    handled("storing inventory", &batch, |reports| {
         services.store_inventory_reports(reports)
     })
     .await
@@ -382,7 +397,7 @@ async fn store_inventory(
 /// look or fails as a whole; a failed batch is taken again a look at a time, like any other
 /// write.
 async fn dispatch(services: Services, batch: Vec<DispatchLook>) -> Vec<ApiResult<Dispatch>> {
-    written("dispatching commands", &batch, |looks| async {
+    handled("dispatching commands", &batch, |looks| async {
         Ok(services
             .dispatch_many(looks)
             .await?
@@ -393,22 +408,30 @@ async fn dispatch(services: Services, batch: Vec<DispatchLook>) -> Vec<ApiResult
     .await
 }
 
+/// One batch of connections' certificate checks ([`Services::check_identities`]).
+async fn check_identities(services: Services, batch: Vec<NodeIdentity>) -> Vec<ApiResult<()>> {
+    handled("checking node certificates", &batch, |identities| {
+        services.check_identities(identities)
+    })
+    .await
+}
+
 /// One batch of daemons' command reports ([`Services::report_commands`]).
 async fn report_commands(services: Services, batch: Vec<CommandReport>) -> Vec<ApiResult<Command>> {
-    written("recording command reports", &batch, |reports| {
+    handled("recording command reports", &batch, |reports| {
         services.report_commands(reports)
     })
     .await
 }
 
-/// Writes a batch with `write`. A batch that fails as a whole (the database refused one
-/// request's data, say a daemon's section PostgreSQL will not store) is written again a
-/// request at a time, so that one daemon's bad data fails its own request only; a request
+/// Handles a batch with `handle` (a write, or the certificate checks' read). A batch that
+/// fails as a whole (the database refused one request's data, say a daemon's section
+/// PostgreSQL will not store) is handled again a request at a time, so that one daemon's bad data fails its own request only; a request
 /// that fails alone is logged and answered with an internal error. A batch that found no
 /// database connection in time answers every request `UNAVAILABLE` (logged where it arose,
-/// at most every few seconds), which its session ends on as "database busy": a request at
-/// a time, each would wait as long again.
-async fn written<'a, T, R, F, Fut>(what: &str, batch: &'a [T], write: F) -> Vec<ApiResult<R>>
+/// at most every few seconds), which its session ends on as "database busy" (a connection
+/// not yet upgraded is answered `503`): a request at a time, each would wait as long again.
+async fn handled<'a, T, R, F, Fut>(what: &str, batch: &'a [T], handle: F) -> Vec<ApiResult<R>>
 where
     F: Fn(&'a [T]) -> Fut,
     Fut: std::future::Future<Output = ApiResult<Vec<ApiResult<R>>>>,
@@ -420,7 +443,7 @@ where
             Err(ApiError::Internal(anyhow::anyhow!("{what} failed")))
         }
     };
-    match write(batch).await {
+    match handle(batch).await {
         Ok(answers) => answers,
         Err(err) if batch.len() == 1 => vec![failed(err)],
         Err(ApiError::Unavailable(message)) => batch
@@ -431,7 +454,7 @@ where
             tracing::warn!(requests = batch.len(), error = ?err, "{what} failed for a whole batch; writing its requests one at a time");
             let mut answers = Vec::with_capacity(batch.len());
             for one in batch.chunks(1) {
-                answers.push(match write(one).await {
+                answers.push(match handle(one).await {
                     Ok(mut answer) => answer.pop().unwrap_or_else(|| {
                         failed(ApiError::Internal(anyhow::anyhow!("no answer")))
                     }),
@@ -445,17 +468,17 @@ where
 
 #[cfg(test)]
 mod tests {
-    use super::written;
+    use super::handled;
     use crate::error::{ApiError, ApiResult};
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// A batch of the gateway's writes that found no database connection answers every
     /// request `UNAVAILABLE` at once, without writing them one at a time (each would wait as
-    /// long again); one that failed otherwise is written again a request at a time.
+    /// long again); one that failed otherwise is handled again a request at a time.
     #[tokio::test]
     async fn a_busy_database_answers_the_whole_batch_unavailable_at_once() {
         let writes = AtomicUsize::new(0);
-        let answers: Vec<ApiResult<()>> = written("testing", &[1, 2, 3], |_| {
+        let answers: Vec<ApiResult<()>> = handled("testing", &[1, 2, 3], |_| {
             writes.fetch_add(1, Ordering::Relaxed);
             async { Err(ApiError::Unavailable("no connection in time".into())) }
         })
@@ -468,7 +491,7 @@ mod tests {
         assert_eq!(writes.load(Ordering::Relaxed), 1, "tried once, as a whole");
 
         let writes = AtomicUsize::new(0);
-        let answers: Vec<ApiResult<()>> = written("testing", &[1, 2, 3], |batch: &[i32]| {
+        let answers: Vec<ApiResult<()>> = handled("testing", &[1, 2, 3], |batch: &[i32]| {
             writes.fetch_add(1, Ordering::Relaxed);
             let whole = batch.len() > 1;
             async move {

@@ -472,7 +472,7 @@ impl Live<'_> {
     }
 
     /// Records a report of one of this session's commands, with other sessions' reports
-    /// ([`super::WriteBatches`]). A refused report (a cancel or timeout that won the race; the
+    /// ([`super::Batches`]). A refused report (a cancel or timeout that won the race; the
     /// daemon hears `cancel`) is logged, and so is one that could not be written: the session
     /// goes on either way. Ending it would requeue a command whose result had come, and the
     /// daemon would run it again; unrecorded, the command times out instead.
@@ -558,7 +558,7 @@ impl Live<'_> {
     }
 
     /// Stores the report gathered so far (nothing if there is none), with other sessions'
-    /// reports ([`super::WriteBatches`]).
+    /// reports ([`super::Batches`]).
     async fn store_report(&mut self) -> Next {
         self.desk.report_due = None;
         let report = std::mem::take(&mut self.desk.report);
@@ -588,7 +588,7 @@ impl Live<'_> {
 
     /// Tells the daemon to stop commands that ended here (cancelled, timed out), sends a
     /// newer spec, and sends the commands whose lane is free: what one look at the node,
-    /// batched with other sessions' ([`super::WriteBatches`]), says to send.
+    /// batched with other sessions' ([`super::Batches`]), says to send.
     async fn dispatch(&mut self) -> Result<(), Ending> {
         let look = DispatchLook {
             node_id: self.node_id.clone(),

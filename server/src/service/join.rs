@@ -785,22 +785,51 @@ impl Services {
     }
 
     /// Checks that a client certificate is of its node's current identity generation and
-    /// that the node is not deleted; `FORBIDDEN` otherwise. Every gateway route asks this, so
-    /// it reads one column of one row, not the whole node.
+    /// that the node is not deleted; `FORBIDDEN` otherwise ([`Services::check_identities`]).
     pub async fn check_identity(&self, identity: &NodeIdentity) -> ApiResult<()> {
-        let current = nodes::live_identity_generation(self.store.db(), &identity.node_id)
-            .await?
-            .ok_or_else(|| {
-                ApiError::Forbidden(format!("node `{}` no longer exists", identity.node_id))
-            })?;
-        if current != identity.identity_generation {
-            return Err(ApiError::Forbidden(format!(
-                "this certificate is of identity generation {}, but node `{}` is at {current}: its identity was revoked or replaced",
-                identity.identity_generation, identity.node_id
-            )));
-        }
-        Ok(())
+        let mut answers = self
+            .check_identities(std::slice::from_ref(identity))
+            .await?;
+        answers.pop().unwrap_or_else(|| {
+            Err(ApiError::Internal(anyhow::anyhow!(
+                "no answer for the identity"
+            )))
+        })
     }
+
+    /// [`Services::check_identity`] for many certificates at once, answered in the order
+    /// given. The gateway asks this of every connection before it upgrades to a session, so
+    /// a failover's thousands of reconnecting daemons are checked a batch at a time
+    /// (`gateway.identity`), and it reads each node's identity generation, not the whole node.
+    pub async fn check_identities(
+        &self,
+        identities: &[NodeIdentity],
+    ) -> ApiResult<Vec<ApiResult<()>>> {
+        let ids: Vec<NodeId> = identities.iter().map(|i| i.node_id.clone()).collect();
+        let current = nodes::live_identity_generation_of_each(self.store.db(), &ids).await?;
+        Ok(identities
+            .iter()
+            .map(|identity| check_generation(identity, current.get(&identity.node_id).copied()))
+            .collect())
+    }
+}
+
+/// `FORBIDDEN` unless a certificate is of its node's `current` identity generation (`None`:
+/// the node is deleted or never existed).
+fn check_generation(identity: &NodeIdentity, current: Option<i64>) -> ApiResult<()> {
+    let Some(current) = current else {
+        return Err(ApiError::Forbidden(format!(
+            "node `{}` no longer exists",
+            identity.node_id
+        )));
+    };
+    if current != identity.identity_generation {
+        return Err(ApiError::Forbidden(format!(
+            "this certificate is of identity generation {}, but node `{}` is at {current}: its identity was revoked or replaced",
+            identity.identity_generation, identity.node_id
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

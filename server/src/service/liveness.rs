@@ -34,9 +34,11 @@ impl Services {
     /// changing the node. Under load the controller marks its candidates many seconds after
     /// its query: in a failover at 100,000 nodes 2,492 nodes were marked `unreachable`, and
     /// 2,197 of them came back by a heartbeat rather than a `hello`, their new session open
-    /// before the mark (BENCHMARKS.md, session 29). A `hello`
-    /// locks the node before it writes the session, so once the lock is held here a session
-    /// opened since the query has committed, and the read after it sees it.
+    /// before the mark (BENCHMARKS.md, session 29). A `hello` locks the node before it
+    /// writes the session, so once the lock is held here a session opened since the query
+    /// has committed, and the read after it sees it; a heartbeat batch writes the session
+    /// row without the node's lock, and the read waits for it to commit
+    /// ([`liveness::heard_since`]).
     pub async fn change_silent_node<F>(
         &self,
         actor: &Actor,

@@ -58,7 +58,7 @@ impl Services {
         txn.lock_nodes(&ids).await?;
         let epochs = sessions::next_epochs(&*txn, &ids).await?;
         // The gateway checked each certificate before the upgrade
-        // ([`Services::check_identity`]); a revocation since then is caught here, by the
+        // ([`Services::check_identities`]); a revocation since then is caught here, by the
         // visibility check on the identity generation.
         let generations: HashMap<&NodeId, i64> = hellos
             .iter()

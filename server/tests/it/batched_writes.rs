@@ -4,7 +4,8 @@
 //! (`Services::report_converged_many`), and inventory reports stored together
 //! (`Services::store_inventory_reports`), and daemons' command reports and sessions' looks at
 //! their commands (`Services::report_commands`, `Services::dispatch_many`), and joins
-//! (`Services::join_many`). Each request of a batch is answered as if it had been a
+//! (`Services::join_many`); and connections' certificate checks read together
+//! (`Services::check_identities`). Each request of a batch is answered as if it had been a
 //! transaction of its own, and what a refused request asked for is not written.
 
 use bc_core::Actor;
@@ -242,6 +243,75 @@ fn hello(node: &NodeRecord, identity_generation: i64, sections: &[(&str, &str)])
             .collect(),
         observed_generation: 0,
     }
+}
+
+/// The certificate checks of a batch of connections: each answered in the order asked, a node
+/// twice in one batch answered twice, and only a live node at the certificate's identity
+/// generation passes.
+#[tokio::test]
+async fn certificate_checks_read_together_answer_each_connection() {
+    each_backend(async |s| {
+        let nodes = adopted_nodes(s, 2, |_| {}).await;
+        let replaced = adopted_nodes(s, 1, |n| n.identity_generation = 2)
+            .await
+            .remove(0);
+        let deleted = deleted_node(s).await;
+        let identity = |node: &NodeRecord, identity_generation: i64| NodeIdentity {
+            node_id: node.id.clone(),
+            identity_generation,
+        };
+        let never_joined = NodeIdentity {
+            node_id: NodeId::generate(),
+            identity_generation: 1,
+        };
+        let answers = s
+            .server
+            .services
+            .check_identities(&[
+                identity(&nodes[0], 1),
+                identity(&replaced, 1),
+                identity(&nodes[1], 1),
+                identity(&deleted, deleted.identity_generation),
+                never_joined,
+                identity(&replaced, 2),
+                identity(&nodes[0], 1),
+            ])
+            .await
+            .unwrap_or_else(|err| panic!("checking certificates: {}", err.message()));
+        let codes: Vec<&str> = answers
+            .iter()
+            .map(|answer| answer.as_ref().map_or_else(|err| err.code(), |()| "OK"))
+            .collect();
+        assert_eq!(
+            codes,
+            [
+                "OK",
+                "FORBIDDEN",
+                "OK",
+                "FORBIDDEN",
+                "FORBIDDEN",
+                "OK",
+                "OK"
+            ]
+        );
+        let replaced_message = answers[1]
+            .as_ref()
+            .expect_err("a replaced identity is refused")
+            .message();
+        assert!(
+            replaced_message.contains("identity generation 1")
+                && replaced_message.contains("is at 2"),
+            "{replaced_message}"
+        );
+        let none = s
+            .server
+            .services
+            .check_identities(&[])
+            .await
+            .unwrap_or_else(|err| panic!("checking no certificate: {}", err.message()));
+        assert!(none.is_empty());
+    })
+    .await;
 }
 
 #[tokio::test]

@@ -280,6 +280,13 @@ async fn replaced_identities_and_foreign_certificates_are_refused_at_the_gateway
         assert!(connect(s, &again.certificate_pem, machine.key_der()).await.is_ok());
         assert!(connect(s, &first.certificate_pem, machine.key_der()).await.is_err());
 
+        // No TLS session is resumed: a resumed session would bring the certificate back
+        // without checking its chain or expiry again (docs/decisions.md).
+        let config = tls_config(&s.ca_pem(), Some((&again.certificate_pem, machine.key_der())));
+        for _ in 0..2 {
+            assert_eq!(handshake_kind(s, config.clone()).await, Some(rustls::HandshakeKind::Full));
+        }
+
         // Renewal keeps the node and generation.
         let renewed: IssuedIdentity = http(&s.ca_pem(), Some((&again.certificate_pem, machine.key_der())))
             .post(format!("{}/v1/renew", s.gateway_url()))

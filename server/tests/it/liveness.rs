@@ -17,6 +17,8 @@ use better_compute::controllers::liveness::{
 use better_compute::controllers::{
     DrainController, DrainReport, LivenessController, LivenessReport,
 };
+use better_compute::pki::NodeIdentity;
+use better_compute::service::sessions::Hello;
 use chrono::{DateTime, Duration, Utc};
 use sea_orm::ActiveValue::Set;
 use sea_orm::sea_query::Expr;
@@ -256,11 +258,11 @@ async fn a_node_heard_between_the_query_and_the_mark_stays_connected() {
     each_backend(async |s| {
         s.server.stop_controllers().await;
         let site = site(s).await;
-        let ids = connected_nodes(s, &site, 2).await;
-        let versions: Vec<i64> = [load(s, &ids[0]).await, load(s, &ids[1]).await]
-            .iter()
-            .map(|n| n.version)
-            .collect();
+        let ids = connected_nodes(s, &site, 3).await;
+        let mut before = Vec::new();
+        for id in &ids {
+            before.push(load(s, id).await);
+        }
         s.clock.advance(GRACE + Duration::seconds(1));
         let cutoff = now(s) - GRACE;
         let services = &s.server.services;
@@ -274,8 +276,29 @@ async fn a_node_heard_between_the_query_and_the_mark_stays_connected() {
             ids.iter().collect::<Vec<_>>()
         );
 
-        // The first node's daemon is heard after the query, before the mark.
-        heartbeat(s, &ids[..1]).await;
+        // After the query, before the mark: the first node's daemon comes back through
+        // another replica (a new session, as after a failover; the node stays `connected`,
+        // so its version does not change), and the second one's heartbeat lands late.
+        let opened = services
+            .open_sessions(
+                "gw-other",
+                &[Hello {
+                    identity: NodeIdentity {
+                        node_id: ids[0].clone(),
+                        identity_generation: before[0].identity_generation,
+                    },
+                    inventory_hashes: BTreeMap::new(),
+                    observed_generation: before[0].observed_generation,
+                }],
+            )
+            .await
+            .unwrap_or_else(|err| panic!("opening a session: {}", err.message()));
+        if let Some(Err(err)) = opened.first() {
+            panic!("the hello was refused: {}", err.message());
+        }
+        assert_eq!(opened.len(), 1, "one answer for the one hello");
+        heartbeat(s, &ids[1..2]).await;
+
         let actor = Actor::Controller("liveness".into());
         let mut marked = Vec::new();
         for candidate in &silent {
@@ -293,13 +316,21 @@ async fn a_node_heard_between_the_query_and_the_mark_stays_connected() {
                 .unwrap_or_else(|err| panic!("marking a silent node: {}", err.message()));
             marked.push(after.map(|n| n.connectivity));
         }
-        assert_eq!(marked, [None, Some(Connectivity::Unreachable)]);
+        assert_eq!(marked, [None, None, Some(Connectivity::Unreachable)]);
         assert_eq!(
             connectivity(s, &ids).await,
-            [Connectivity::Connected, Connectivity::Unreachable]
+            [
+                Connectivity::Connected,
+                Connectivity::Connected,
+                Connectivity::Unreachable
+            ]
         );
-        assert_eq!(load(s, &ids[0]).await.version, versions[0]);
-        assert_eq!(load(s, &ids[1]).await.version, versions[1] + 1);
+        let versions: Vec<i64> = before.iter().map(|n| n.version).collect();
+        let mut after = Vec::new();
+        for id in &ids {
+            after.push(load(s, id).await.version);
+        }
+        assert_eq!(after, [versions[0], versions[1], versions[2] + 1]);
     })
     .await;
 }

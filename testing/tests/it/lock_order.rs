@@ -16,10 +16,18 @@
 //! session, …, the event-order lock last, at commit) the session waits for the revoke to
 //! commit and then finds the identity replaced (`FORBIDDEN`) or the node still its own.
 //!
+//! Liveness, about to mark a silent node `unreachable`, locks the node and then reads its
+//! session row (step 5) `FOR SHARE`: a heartbeat batch written but not yet committed holds
+//! that row, so the mark waits for it and then leaves the node alone.
+//!
 //! SQLite has one writer at a time and no row locks: nothing to interleave there.
 
+use bc_core::Actor;
+use bc_core::axes::Connectivity;
 use bc_core::ids::NodeId;
+use bc_core::node::NodeRecord;
 use bc_testing::{Backend, TestServer};
+use better_compute::controllers::liveness::CAUSE_TIMEOUT;
 use better_compute::error::{ApiError, ApiResult};
 use better_compute::pki::NodeIdentity;
 use better_compute::service::Services;
@@ -61,6 +69,89 @@ async fn a_revoke_racing_a_session_start_or_end_on_the_node_does_not_deadlock() 
         let id = node["id"].as_str().expect("a node id");
         race(&s, id, step).await;
     }
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_not_yet_committed_keeps_its_node_from_being_marked_unreachable() {
+    if !Backend::selected().contains(&Backend::Postgres) {
+        return;
+    }
+    let s = TestServer::start(Backend::Postgres)
+        .await
+        .expect("a PostgreSQL test server");
+    s.server.stop_controllers().await;
+    let services = s.server.services.clone();
+    let (site, pool) = s.site_and_pool(8).await;
+    let node = s.enroll(&site, &pool, "heard-late").await;
+    let identity = NodeIdentity {
+        node_id: NodeId::parse(node["id"].as_str().expect("a node id")).expect("a node id"),
+        identity_generation: 1,
+    };
+    open_session(&services, &identity, "gw-first")
+        .await
+        .unwrap_or_else(|e| panic!("opening a session: {}", e.message()));
+
+    // Silent as of a cutoff a second ahead; the candidate query reads the node's version.
+    let cutoff = services.clock.now() + chrono::Duration::seconds(1);
+    let silent = services
+        .silent_nodes(cutoff)
+        .await
+        .unwrap_or_else(|e| panic!("the silent nodes: {}", e.message()));
+    let candidate = silent
+        .into_iter()
+        .find(|c| c.node_id == identity.node_id)
+        .expect("the node is silent as of the cutoff");
+    let version = candidate.version;
+
+    // 1. A heartbeat batch writes the session's `last_seen` past the cutoff, uncommitted.
+    let watcher = own_connection(&s).await;
+    let holder = own_connection(&s).await;
+    let heartbeat = holder.begin().await.expect("a transaction");
+    heartbeat
+        .execute_unprepared(&format!(
+            "UPDATE node_sessions SET last_seen = '{}' WHERE node_id = '{}'",
+            (cutoff + chrono::Duration::seconds(1)).to_rfc3339(),
+            identity.node_id
+        ))
+        .await
+        .expect("the heartbeat's write");
+
+    // 2. The mark locks the node and waits for the session row.
+    let mark = tokio::spawn({
+        let services = services.clone();
+        async move {
+            services
+                .change_silent_node(
+                    &Actor::Controller("liveness".into()),
+                    &candidate,
+                    cutoff,
+                    CAUSE_TIMEOUT,
+                    |n: &mut NodeRecord, by: &Actor, at| {
+                        Ok(n.set_connectivity(Connectivity::Unreachable, by, at))
+                    },
+                )
+                .await
+        }
+    });
+    wait_for_waiters(&watcher, "true", 1).await;
+
+    // 3. The heartbeat commits: the mark sees it and writes nothing.
+    heartbeat.commit().await.expect("the heartbeat's commit");
+    let marked = mark
+        .await
+        .expect("the mark")
+        .unwrap_or_else(|e| panic!("marking the node: {}", e.message()));
+    assert!(marked.is_none(), "marked: {marked:?}");
+    let after = services
+        .node_record(&identity.node_id)
+        .await
+        .unwrap_or_else(|e| panic!("reading the node: {}", e.message()))
+        .expect("the node");
+    assert_eq!(after.connectivity, Connectivity::Connected);
+    assert_eq!(after.version, version, "the node was not written");
+    watcher.close().await.expect("closing");
+    holder.close().await.expect("closing");
     s.stop().await;
 }
 

@@ -127,18 +127,29 @@ pub async fn silent(
 /// Whether the node's session heartbeated (or opened) at or after `cutoff`: the session half
 /// of [`silent`]'s rule, read again by the transaction about to mark the node (the rest of
 /// the rule, its connectivity, is what the candidate's version guards).
+///
+/// On PostgreSQL the row is read `FOR SHARE` by its key alone, and compared here: a
+/// heartbeat batch that has written the row but not yet committed holds it, so the read
+/// waits for that commit and then returns the new `last_seen`. (A condition on `last_seen`
+/// in the query would be judged on the row as it was before, and the read would not wait.)
+/// Heartbeat batches lock session rows only, so this wait closes no cycle (ARCHITECTURE.md,
+/// lock order, step 5).
 pub async fn heard_since(
     conn: &impl ConnectionTrait,
     node_id: &NodeId,
     cutoff: DateTime<Utc>,
 ) -> anyhow::Result<bool> {
     let query = Query::select()
-        .expr(Expr::val(1))
+        .column(node_session::Column::LastSeen)
         .from(node_session::Entity)
-        .and_where(session_col(node_session::Column::NodeId).eq(node_id.to_string()))
-        .and_where(session_col(node_session::Column::LastSeen).gte(cutoff))
+        .and_where(Expr::col(node_session::Column::NodeId).eq(node_id.to_string()))
+        .lock_shared()
         .to_owned();
-    Ok(conn.query_one(&query).await?.is_some())
+    let Some(row) = conn.query_one(&query).await? else {
+        return Ok(false);
+    };
+    let last_seen: DateTime<Utc> = row.try_get("", "last_seen")?;
+    Ok(last_seen >= cutoff)
 }
 
 /// `unreachable` and `lost` nodes whose session is open and heartbeated at or after

@@ -93,20 +93,34 @@ pub async fn lock_existing(conn: &impl ConnectionTrait, id: &NodeId) -> anyhow::
     Ok(row.is_some())
 }
 
-/// A live node's identity generation, without the rest of the node: what every gateway
-/// route checks a client certificate against. `None` if the node does not exist or is
-/// deleted.
-pub async fn live_identity_generation(
+/// Live nodes' identity generations, without the rest of the nodes, in one statement per
+/// [`IDS_PER_STATEMENT`] ids: what the gateway checks client certificates against. Ids that
+/// name no node, or a deleted one, are left out.
+pub async fn live_identity_generation_of_each(
     conn: &impl ConnectionTrait,
-    id: &NodeId,
-) -> anyhow::Result<Option<i64>> {
-    Ok(node::Entity::find_by_id(id.to_string())
-        .select_only()
-        .column(node::Column::IdentityGeneration)
-        .filter(node::Column::DeletedAt.is_null())
-        .into_tuple::<i64>()
-        .one(conn)
-        .await?)
+    ids: &[NodeId],
+) -> anyhow::Result<HashMap<NodeId, i64>> {
+    let mut found = HashMap::with_capacity(ids.len());
+    for chunk in ids.chunks(IDS_PER_STATEMENT) {
+        let rows = node::Entity::find()
+            .select_only()
+            .column(node::Column::Id)
+            .column(node::Column::IdentityGeneration)
+            .filter(one_of(
+                Expr::col(node::Column::Id),
+                chunk,
+                conn.get_database_backend(),
+            ))
+            .filter(node::Column::DeletedAt.is_null())
+            .into_tuple::<(String, i64)>()
+            .all(conn)
+            .await?;
+        for (id, generation) in rows {
+            let id = NodeId::parse(&id).map_err(|_| anyhow!("corrupt row: nodes.id = `{id}`"))?;
+            found.insert(id, generation);
+        }
+    }
+    Ok(found)
 }
 
 /// Live or deleted nodes' spec generations and pools, without the rest of the nodes, in one

@@ -151,6 +151,34 @@ pub async fn connect(
     Ok(ws)
 }
 
+/// Connects over TLS with `config`, asks for the CA over HTTP/1.1 and reads the answer to the
+/// end (so a session ticket the gateway sends after the handshake would be read and kept in
+/// `config`'s store too), and says what kind of handshake it was.
+pub async fn handshake_kind(
+    s: &TestServer,
+    config: Arc<rustls::ClientConfig>,
+) -> Option<rustls::HandshakeKind> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let address = s.gateway_url().trim_start_matches("https://").to_owned();
+    let tcp = tokio::net::TcpStream::connect(&address).await.unwrap();
+    let mut tls = tokio_rustls::TlsConnector::from(config)
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .unwrap();
+    tls.write_all(b"GET /v1/ca.pem HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    // The gateway may close without TLS's close_notify; what was read is what counts.
+    let _ = tls.read_to_end(&mut answer).await;
+    assert!(
+        answer.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    tls.get_ref().1.handshake_kind()
+}
+
 pub async fn send(ws: &mut Ws, message: &DaemonMessage) {
     ws.send(Message::Text(
         serde_json::to_string(message).unwrap().into(),

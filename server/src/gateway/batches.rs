@@ -1,14 +1,17 @@
-//! The gateway's per-node writes that a fleet coming up sends by the hundred a second (every
-//! daemon's join, `hello`, `converged`, inventory report, command start and result, and every
-//! session's look at its commands) are written in batches: whatever arrived while the last
-//! batch was being written goes into the next, in one transaction whose statements do not
-//! grow with it (`Services::join_many`, `Services::open_sessions`,
-//! `Services::report_converged_many`, `Services::store_inventory_reports`,
-//! `Services::report_commands`, `Services::dispatch_many`), or whose contended locks (a join
-//! token's row, the event order) are taken once for the batch. On
-//! SQLite every statement is a round trip to the one writer that everything else waits on.
-//! A request that finds the writer idle is written at once, alone, so batching adds no wait
-//! of its own.
+//! The gateway's per-node requests that a fleet coming up, or a failover's reconnecting
+//! daemons, send by the hundred a second (every connection's certificate check before its
+//! upgrade, every daemon's join, `hello`, `converged`, inventory report, command start and
+//! result, and every session's look at its commands) are handled in batches: whatever
+//! arrived while the last batch was being handled goes into the next, in a few statements
+//! that do not grow with it (`Services::check_identities`, a read) or one transaction
+//! (`Services::join_many`, `Services::open_sessions`, `Services::report_converged_many`,
+//! `Services::store_inventory_reports`, `Services::report_commands`,
+//! `Services::dispatch_many`), whose contended locks (a join token's row, the event order)
+//! are taken once for the batch. On SQLite every statement is a round trip to the one writer
+//! that everything else waits on. On PostgreSQL, in the failover of BENCHMARKS.md's session
+//! 29, the certificate checks, a statement per connection, were about half of the 12,082
+//! reads of `nodes`. A request that finds its task idle is handled at once, alone, so
+//! batching adds no wait of its own.
 
 use bc_core::ids::NodeId;
 use futures::FutureExt;
@@ -17,41 +20,42 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use tokio::sync::{mpsc, oneshot, watch};
 
-/// The most requests written in one transaction: enough that a burst of a thousand
-/// connecting daemons costs a handful of transactions, few enough that one transaction holds
-/// SQLite's writer (which operators' mutations wait on) for tens of milliseconds, not seconds.
+/// The most requests handled in one batch (one transaction, for the writes): enough that a
+/// burst of a thousand connecting daemons costs a handful of batches, few enough that one
+/// transaction holds SQLite's writer (which operators' mutations wait on) for tens of
+/// milliseconds, not seconds.
 const MAX_BATCH: usize = 256;
-/// Requests waiting to be written before sessions wait to hand theirs over.
+/// Requests waiting to be handled before connections and sessions wait to hand theirs over.
 const QUEUE_CAPACITY: usize = 4_096;
 
 type Pending<T, R> = (T, oneshot::Sender<R>);
 
-/// A task that writes requests of type `T` in batches and answers each with an `R`.
-pub struct WriteBatches<T, R> {
+/// A task that handles requests of type `T` in batches and answers each with an `R`.
+pub struct Batches<T, R> {
     tx: mpsc::Sender<Pending<T, R>>,
 }
 
-impl<T, R> Clone for WriteBatches<T, R> {
+impl<T, R> Clone for Batches<T, R> {
     fn clone(&self) -> Self {
-        WriteBatches {
+        Batches {
             tx: self.tx.clone(),
         }
     }
 }
 
-impl<T: Send + 'static, R: Send + 'static> WriteBatches<T, R> {
-    /// Starts the task. `write` writes one batch and answers every request of it, in the
+impl<T: Send + 'static, R: Send + 'static> Batches<T, R> {
+    /// Starts the task. `handle` handles one batch and answers every request of it, in the
     /// order given; a batch holds each node (`node_of`) once, so a node's second request
-    /// waits for the next batch and is written after its first (a request that names no node
-    /// yet, a join, is never held back). Statements are counted under
-    /// `caller` (README: "Profiling"). After `shutdown` the task writes what is already
-    /// queued, then ends.
+    /// waits for the next batch and is handled after its first (a request for which `node_of`
+    /// names no node, a join or a certificate check, is never held back). Statements are
+    /// counted under `caller` (README: "Profiling"). After `shutdown` the task handles what
+    /// is already queued, then ends.
     pub fn start<W, Fut>(
         caller: &'static str,
         node_of: fn(&T) -> Option<&NodeId>,
-        write: W,
+        handle: W,
         shutdown: watch::Receiver<bool>,
-    ) -> (WriteBatches<T, R>, tokio::task::JoinHandle<()>)
+    ) -> (Batches<T, R>, tokio::task::JoinHandle<()>)
     where
         W: FnMut(Vec<T>) -> Fut + Send + 'static,
         Fut: Future<Output = Vec<R>> + Send + 'static,
@@ -59,14 +63,15 @@ impl<T: Send + 'static, R: Send + 'static> WriteBatches<T, R> {
         let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
         let task = tokio::spawn(crate::service::attributed(
             caller,
-            run(caller, node_of, write, rx, shutdown),
+            run(caller, node_of, handle, rx, shutdown),
         ));
-        (WriteBatches { tx }, task)
+        (Batches { tx }, task)
     }
 
-    /// Writes `request` with whatever else is waiting. `None`: the gateway is shutting down
-    /// and wrote nothing, or the batch's write panicked (logged); either way the session
-    /// ends and the daemon comes back.
+    /// Handles `request` with whatever else is waiting. `None`: the gateway is shutting down
+    /// and did nothing with it, or the batch panicked (logged); either way the connection or
+    /// session ends (a connection not yet upgraded is answered `UNAVAILABLE`) and the daemon
+    /// comes back.
     pub async fn submit(&self, request: T) -> Option<R> {
         let (answer, answered) = oneshot::channel();
         self.tx.send((request, answer)).await.ok()?;
@@ -77,7 +82,7 @@ impl<T: Send + 'static, R: Send + 'static> WriteBatches<T, R> {
 async fn run<T, R, W, Fut>(
     caller: &'static str,
     node_of: fn(&T) -> Option<&NodeId>,
-    mut write: W,
+    mut handle: W,
     mut rx: mpsc::Receiver<Pending<T, R>>,
     mut shutdown: watch::Receiver<bool>,
 ) where
@@ -89,7 +94,7 @@ async fn run<T, R, W, Fut>(
     loop {
         let first = match held_over.take() {
             Some(pending) => pending,
-            // Stopping: what sessions handed over before the gateway stopped is written (a
+            // Stopping: what sessions handed over before the gateway stopped is handled (a
             // session's last inventory report, say); then the task ends.
             None if stopping => match rx.try_recv() {
                 Ok(pending) => pending,
@@ -118,12 +123,11 @@ async fn run<T, R, W, Fut>(
             }
             batch.push(pending);
         }
-        metrics::histogram!("bc_gateway_write_batch_size", "caller" => caller)
-            .record(batch.len() as f64);
+        metrics::histogram!("bc_gateway_batch_size", "caller" => caller).record(batch.len() as f64);
         let (requests, answers): (Vec<T>, Vec<_>) = batch.into_iter().unzip();
         // A panic in one batch must not end the task, or every later request of its kind
         // would go unanswered while the gateway looks healthy.
-        match AssertUnwindSafe(write(requests)).catch_unwind().await {
+        match AssertUnwindSafe(handle(requests)).catch_unwind().await {
             Ok(results) => {
                 for (answer, result) in answers.into_iter().zip(results) {
                     let _ = answer.send(result);
@@ -133,7 +137,7 @@ async fn run<T, R, W, Fut>(
                 tracing::error!(
                     caller,
                     requests = answers.len(),
-                    "a batch write panicked; its sessions end and their daemons come back"
+                    "a batch panicked; its sessions end and their daemons come back"
                 );
             }
         }
