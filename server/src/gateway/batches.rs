@@ -7,11 +7,11 @@
 //! (`Services::join_many`, `Services::open_sessions`, `Services::report_converged_many`,
 //! `Services::store_inventory_reports`, `Services::report_commands`,
 //! `Services::dispatch_many`), whose contended locks (a join token's row, the event order)
-//! are taken once for the batch. On SQLite every statement is a round trip to the one writer
-//! that everything else waits on. On PostgreSQL, in the failover of BENCHMARKS.md's session
-//! 29, the certificate checks, a statement per connection, were about half of the 12,082
-//! reads of `nodes`. A request that finds its task idle is handled at once, alone, so
-//! batching adds no wait of its own.
+//! are taken once for the batch. On SQLite every write is a round trip to the one writer
+//! that everything else waits on, and every statement one to the database's threads. On
+//! PostgreSQL, in the failover of BENCHMARKS.md's session 29, the certificate checks, a
+//! statement per connection, were about half of the 12,082 reads of `nodes`. A request that
+//! finds its task idle is handled at once, alone, so batching adds no wait of its own.
 
 use bc_core::ids::NodeId;
 use futures::FutureExt;
@@ -137,7 +137,7 @@ async fn run<T, R, W, Fut>(
                 tracing::error!(
                     caller,
                     requests = answers.len(),
-                    "a batch panicked; its sessions end and their daemons come back"
+                    "a batch panicked; its connections and sessions end and their daemons come back"
                 );
             }
         }

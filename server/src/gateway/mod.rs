@@ -451,7 +451,7 @@ where
             .map(|_| Err(ApiError::Unavailable(message.clone())))
             .collect(),
         Err(err) => {
-            tracing::warn!(requests = batch.len(), error = ?err, "{what} failed for a whole batch; writing its requests one at a time");
+            tracing::warn!(requests = batch.len(), error = ?err, "{what} failed for a whole batch; handling its requests one at a time");
             let mut answers = Vec::with_capacity(batch.len());
             for one in batch.chunks(1) {
                 answers.push(match handle(one).await {

@@ -280,11 +280,14 @@ async fn replaced_identities_and_foreign_certificates_are_refused_at_the_gateway
         assert!(connect(s, &again.certificate_pem, machine.key_der()).await.is_ok());
         assert!(connect(s, &first.certificate_pem, machine.key_der()).await.is_err());
 
-        // No TLS session is resumed: a resumed session would bring the certificate back
-        // without checking its chain or expiry again (docs/decisions.md).
-        let config = tls_config(&s.ca_pem(), Some((&again.certificate_pem, machine.key_der())));
-        for _ in 0..2 {
-            assert_eq!(handshake_kind(s, config.clone()).await, Some(rustls::HandshakeKind::Full));
+        // No TLS session is resumed, by a TLS 1.3 ticket or a TLS 1.2 session id: a resumed
+        // session would bring the certificate back without checking its chain or expiry
+        // again (docs/decisions.md).
+        for version in [&rustls::version::TLS13, &rustls::version::TLS12] {
+            let config = tls_config_of_versions(&s.ca_pem(), Some((&again.certificate_pem, machine.key_der())), &[version]);
+            for _ in 0..2 {
+                assert_eq!(handshake_kind(s, config.clone()).await, Some(rustls::HandshakeKind::Full), "{version:?}");
+            }
         }
 
         // Renewal keeps the node and generation.

@@ -66,12 +66,21 @@ pub fn tls_config(
     ca_pem: &str,
     client: Option<(&str, PrivateKeyDer<'static>)>,
 ) -> Arc<rustls::ClientConfig> {
+    tls_config_of_versions(ca_pem, client, rustls::DEFAULT_VERSIONS)
+}
+
+/// [`tls_config`] speaking only the TLS `versions` given.
+pub fn tls_config_of_versions(
+    ca_pem: &str,
+    client: Option<(&str, PrivateKeyDer<'static>)>,
+    versions: &[&'static rustls::SupportedProtocolVersion],
+) -> Arc<rustls::ClientConfig> {
     let mut roots = rustls::RootCertStore::empty();
     roots
         .add(CertificateDer::from_pem_slice(ca_pem.as_bytes()).unwrap())
         .unwrap();
     let builder = rustls::ClientConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
+        .with_protocol_versions(versions)
         .unwrap()
         .with_root_certificates(roots);
     Arc::new(match client {
