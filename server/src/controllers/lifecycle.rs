@@ -21,7 +21,7 @@ use bc_core::node::NodeRecord;
 use bc_core::provision::ProvisionMove;
 use chrono::{DateTime, Utc};
 
-use super::{Applied, apply_batch};
+use super::{Applied, NODES_PER_TRANSACTION, apply_batch};
 use crate::error::ApiError;
 use crate::service::Services;
 use crate::service::node_changes::NodeChangeRequest;
@@ -33,12 +33,6 @@ use crate::service::node_changes::NodeChangeRequest;
 /// core. Issue 16 asks for 500 a second. A pass holds this many node records at once (a few
 /// MB).
 const MAX_PER_PASS: u64 = 5_000;
-/// Nodes written per transaction: diagnostics queued, nodes adopted or failed, first specs.
-/// A fleet coming up gives a pass a thousand nodes to move, and a transaction each (about
-/// 13 ms on the one SQLite writer) held adoption to a few dozen nodes a second while
-/// sessions and operators queued behind it. A batch this size commits in tens of
-/// milliseconds, so no one waits on the writer longer than that.
-const NODES_PER_TRANSACTION: usize = 250;
 
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct LifecycleReport {

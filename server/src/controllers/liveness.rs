@@ -67,14 +67,21 @@
 //! operator changed in between is skipped (`CONFLICT`, logged at `debug`) and looked at
 //! again next tick. A daemon that comes back to a node still `connected` (its gateway died
 //! without closing the session) and its heartbeats land in `node_sessions` without
-//! changing the node, so the mark of a silent node reads the session again once it holds
-//! the node's lock (`Services::change_silent_node`), which a `hello` takes before writing
+//! changing the node, so the mark of silent nodes reads their sessions again once it holds
+//! the nodes' locks (`Services::change_silent_nodes`), which a `hello` takes before writing
 //! the session: a node heard since the cutoff by then is left alone (counted as
 //! `heard_at_mark`). On PostgreSQL that read waits for a heartbeat written but not yet
 //! committed (`FOR SHARE`); SQLite has one writer, so nothing is uncommitted when it reads.
 //! A heartbeat batch that starts after that read waits for the mark to commit, and its node
 //! is `unreachable` until the next tick reads the fresh `last_seen` and makes it
 //! `connected` again.
+//!
+//! # Batches
+//!
+//! Each kind of transition is written [`NODES_PER_TRANSACTION`] nodes to a transaction, not
+//! one each: a failover hands the new leader thousands of silent nodes while their daemons
+//! reconnect, and every transaction takes the event-order lock at its commit, as every
+//! `hello` does. A node refused in a batch (changed since the query) is skipped alone.
 //!
 //! [`paused_sites`]: LivenessController::paused_sites
 
@@ -87,11 +94,11 @@ use bc_core::node::NodeRecord;
 use chrono::{DateTime, Utc};
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{Applied, apply, judge};
+use super::{Applied, NODES_PER_TRANSACTION, apply_batch, batch_failed, judge};
 use crate::config::LivenessConfig;
 use crate::service::Services;
-use crate::service::liveness::{Candidate, SiteLiveness};
-use crate::service::node_changes::NodeTransition;
+use crate::service::liveness::{Candidate, SilentChange, SiteLiveness};
+use crate::service::node_changes::{NodeChangeRequest, NodeTransition};
 
 /// The controller's name: events and reasons say `controller:liveness`.
 pub const ACTOR: &str = "liveness";
@@ -125,7 +132,7 @@ pub struct LivenessReport {
     /// change; next tick looks at them again.
     pub skipped: usize,
     /// Silent nodes whose daemon was heard again between the query and the mark, so they
-    /// stayed as they were ([`Services::change_silent_node`]). Many of these mean the ticks
+    /// stayed as they were ([`Services::change_silent_nodes`]). Many of these mean the ticks
     /// are written long after their query: a machine too busy for its fleet.
     pub heard_at_mark: usize,
     /// Nodes whose change failed otherwise (logged at `warn`).
@@ -214,11 +221,15 @@ impl LivenessController {
         let cutoff = now - self.config.grace();
 
         // 1. Recovery first, whatever the brake says.
-        for node in self.services.nodes_heard_again(cutoff).await? {
-            let applied = self
-                .transition(&node, Connectivity::Connected, CAUSE_HEARD_AGAIN)
-                .await;
-            report.count(applied, Connectivity::Connected);
+        let heard_again = self.services.nodes_heard_again(cutoff).await?;
+        for batch in heard_again.chunks(NODES_PER_TRANSACTION) {
+            let requests = batch
+                .iter()
+                .map(|node| self.request(node, Connectivity::Connected, CAUSE_HEARD_AGAIN))
+                .collect();
+            for applied in apply_batch(&self.services, &self.actor, requests).await {
+                report.count(applied, Connectivity::Connected);
+            }
         }
 
         let silent = self.services.silent_nodes(cutoff).await?;
@@ -247,23 +258,24 @@ impl LivenessController {
         } else {
             self.update_brakes(now, &silent, &stored, &mut report)
                 .await?;
-            for node in &silent {
-                if self.paused.contains(&node.site_id) {
-                    report.held_by_brake += 1;
-                    continue;
-                }
-                match self.mark_silent(node, cutoff).await {
-                    Mark::Judged(applied) => report.count(applied, Connectivity::Unreachable),
-                    Mark::HeardAgain => report.count_heard_at_mark(),
+            let silent = self.unless_paused(&silent, &mut report);
+            for batch in silent.chunks(NODES_PER_TRANSACTION) {
+                for mark in self.mark_silent(batch, cutoff).await {
+                    match mark {
+                        Mark::Judged(applied) => report.count(applied, Connectivity::Unreachable),
+                        Mark::HeardAgain => report.count_heard_at_mark(),
+                    }
                 }
             }
-            for node in &expired {
-                if self.paused.contains(&node.site_id) {
-                    report.held_by_brake += 1;
-                    continue;
+            let expired = self.unless_paused(&expired, &mut report);
+            for batch in expired.chunks(NODES_PER_TRANSACTION) {
+                let requests = batch
+                    .iter()
+                    .map(|node| self.request(node, Connectivity::Lost, CAUSE_LOST))
+                    .collect();
+                for applied in apply_batch(&self.services, &self.actor, requests).await {
+                    report.count(applied, Connectivity::Lost);
                 }
-                let applied = self.transition(node, Connectivity::Lost, CAUSE_LOST).await;
-                report.count(applied, Connectivity::Lost);
             }
         }
 
@@ -272,40 +284,64 @@ impl LivenessController {
         Ok(report)
     }
 
-    /// Moves one candidate's connectivity, if it is still what the query saw.
-    async fn transition(&self, node: &Candidate, to: Connectivity, cause: &str) -> Applied {
-        apply(
-            &self.services,
-            &self.actor,
-            &node.node_id,
-            node.version,
-            cause,
-            move_connectivity(node.connectivity, to),
-        )
-        .await
+    /// The candidates whose site the brake does not hold; those it holds are counted.
+    fn unless_paused<'a>(
+        &self,
+        candidates: &'a [Candidate],
+        report: &mut LivenessReport,
+    ) -> Vec<&'a Candidate> {
+        let (held, free): (Vec<&Candidate>, Vec<&Candidate>) = candidates
+            .iter()
+            .partition(|node| self.paused.contains(&node.site_id));
+        report.held_by_brake += held.len();
+        free
     }
 
-    /// Marks a silent candidate `unreachable`, unless its daemon was heard at or after
-    /// `cutoff` since the query: a daemon that comes back to a node still `connected` leaves
-    /// the node's version as it was ([`Services::change_silent_node`]).
-    async fn mark_silent(&self, node: &Candidate, cutoff: DateTime<Utc>) -> Mark {
-        let to = Connectivity::Unreachable;
-        let result = self
-            .services
-            .change_silent_node(
-                &self.actor,
-                node,
-                cutoff,
-                CAUSE_TIMEOUT,
-                move_connectivity(node.connectivity, to),
-            )
-            .await;
-        let changed = match result {
-            Ok(None) => return Mark::HeardAgain,
-            Ok(Some(after)) => Ok(after.version > node.version),
-            Err(err) => Err(err),
-        };
-        Mark::Judged(judge(&self.actor, &node.node_id, CAUSE_TIMEOUT, changed))
+    /// The change that moves a candidate's connectivity to `to`, if the node is still as the
+    /// query saw it.
+    fn request(
+        &self,
+        node: &Candidate,
+        to: Connectivity,
+        cause: &str,
+    ) -> NodeChangeRequest<impl NodeTransition + use<>> {
+        NodeChangeRequest {
+            id: node.node_id.clone(),
+            actor: self.actor.clone(),
+            expected_version: Some(node.version),
+            cause: cause.to_owned(),
+            change: move_connectivity(node.connectivity, to),
+        }
+    }
+
+    /// Marks silent candidates `unreachable` in one transaction, except those whose daemon
+    /// was heard at or after `cutoff` since the query: a daemon that comes back to a node
+    /// still `connected` leaves the node's version as it was
+    /// ([`Services::change_silent_nodes`]). One mark per candidate, in order.
+    async fn mark_silent(&self, batch: &[&Candidate], cutoff: DateTime<Utc>) -> Vec<Mark> {
+        let requests = batch
+            .iter()
+            .map(|node| self.request(node, Connectivity::Unreachable, CAUSE_TIMEOUT))
+            .collect();
+        match self.services.change_silent_nodes(cutoff, requests).await {
+            Ok(changes) => changes
+                .into_iter()
+                .zip(batch)
+                .map(|(change, node)| match change {
+                    SilentChange::HeardAgain => Mark::HeardAgain,
+                    SilentChange::Tried(outcome) => Mark::Judged(judge(
+                        &self.actor,
+                        &node.node_id,
+                        CAUSE_TIMEOUT,
+                        (*outcome).map(|(_, changes)| !changes.is_empty()),
+                    )),
+                })
+                .collect(),
+            Err(err) => batch_failed(&self.actor, batch.len(), &err)
+                .into_iter()
+                .map(Mark::Judged)
+                .collect(),
+        }
     }
 
     /// Re-evaluates the brake of every site with silent nodes and of every site with a
@@ -403,6 +439,7 @@ impl LivenessController {
 }
 
 /// What became of a silent node's mark ([`LivenessController::mark_silent`]).
+#[derive(Debug, Clone, Copy)]
 enum Mark {
     /// The mark was tried; what became of it.
     Judged(Applied),

@@ -29,7 +29,6 @@ pub mod workflow;
 
 use bc_core::Actor;
 use bc_core::ids::NodeId;
-use bc_core::node::NodeRecord;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -79,35 +78,19 @@ pub(crate) enum Applied {
     Failed,
 }
 
-/// Applies one controller transition to one node, expecting the `version` the candidate
-/// query read.
-pub(crate) async fn apply<F>(
-    services: &Services,
-    actor: &Actor,
-    id: &NodeId,
-    version: i64,
-    cause: &str,
-    change: F,
-) -> Applied
-where
-    F: NodeTransition,
-{
-    let everyone = |_: &NodeRecord| true;
-    let result = services
-        .apply_node_change(actor, id, Some(version), &everyone, cause, change)
-        .await;
-    judge(
-        actor,
-        id,
-        cause,
-        result.map(|after| after.version > version),
-    )
-}
+/// Nodes a controller writes per transaction (Lifecycle's diagnostics, adoptions and first
+/// specs; Liveness's marks and recoveries). A fleet coming up gives a pass a thousand nodes
+/// to move, and a transaction each (about 13 ms on the one SQLite writer) held adoption to a
+/// few dozen nodes a second while sessions and operators queued behind it; on PostgreSQL
+/// each commit takes the event-order lock, which every other writer of events waits for. A
+/// batch this size commits in tens of milliseconds, so no one waits on the writer longer
+/// than that.
+const NODES_PER_TRANSACTION: usize = 250;
 
-/// [`apply`] for many nodes in one transaction ([`Services::apply_node_changes`]), each
-/// expecting the version its candidate query read; what became of each, in the order given.
-/// A batch that failed as a whole (a database error) is `Failed` for every node and logged
-/// once.
+/// Applies controller transitions to many nodes in one transaction
+/// ([`Services::apply_node_changes`]), each expecting the version its candidate query read;
+/// what became of each, in the order given. A batch that failed as a whole (a database
+/// error) is `Failed` for every node and logged once ([`batch_failed`]).
 pub(crate) async fn apply_batch<F>(
     services: &Services,
     actor: &Actor,
@@ -128,11 +111,15 @@ where
                 judge(actor, &id, &cause, changed)
             })
             .collect(),
-        Err(err) => {
-            tracing::warn!(%actor, nodes = asked, code = err.code(), error = %err.message(), "a controller could not change a batch of nodes");
-            vec![Applied::Failed; asked]
-        }
+        Err(err) => batch_failed(actor, asked, &err),
     }
+}
+
+/// What became of each of a batch's `asked` nodes when the batch failed as a whole: `Failed`,
+/// logged once.
+fn batch_failed(actor: &Actor, asked: usize, err: &ApiError) -> Vec<Applied> {
+    tracing::warn!(%actor, nodes = asked, code = err.code(), error = %err.message(), "a controller could not change a batch of nodes");
+    vec![Applied::Failed; asked]
 }
 
 /// What became of one node change, logged as a controller logs it.

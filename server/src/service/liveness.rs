@@ -5,19 +5,31 @@
 
 use bc_core::Actor;
 use bc_core::brake::{BrakeStatus, LivenessBrake};
-use bc_core::event::EventType;
-use bc_core::ids::{SiteId, TenantId};
+use bc_core::event::{Change, EventType};
+use bc_core::ids::{NodeId, SiteId, TenantId};
 use bc_core::node::NodeRecord;
 use chrono::{DateTime, Utc};
 use std::collections::HashMap;
 
 use super::Services;
-use super::node_changes::NodeTransition;
+use super::node_changes::{NodeChangeRequest, NodeTransition};
 use super::store::{WriteTxn, brakes, catalog, events, liveness};
 use crate::auth::{Principal, Role};
 use crate::error::{ApiError, ApiResult};
 
 pub use super::store::liveness::{Candidate, SiteLiveness};
+
+/// What became of one request of [`Services::change_silent_nodes`].
+#[derive(Debug)]
+pub enum SilentChange {
+    /// The node's daemon was heard at or after the cutoff by the time the node was locked:
+    /// nothing of the request was written.
+    HeardAgain,
+    /// The change was tried: the node as written and what changed, or why the request was
+    /// refused (`CONFLICT` for a node changed since the query, say). Boxed: a node record is
+    /// large, and a `HeardAgain` carries nothing.
+    Tried(Box<ApiResult<(NodeRecord, Vec<Change>)>>),
+}
 
 impl Services {
     /// `connected` and `disconnected` nodes with no heartbeat since `cutoff`.
@@ -25,51 +37,64 @@ impl Services {
         Ok(liveness::silent(self.store.db(), cutoff).await?)
     }
 
-    /// Changes a node that [`Services::silent_nodes`] found silent (Liveness marks it
-    /// `unreachable`), unless its daemon was heard at or after `cutoff` by the time the node
-    /// is locked: then nothing is written and the answer is `None`.
+    /// Changes nodes that [`Services::silent_nodes`] found silent (Liveness marks them
+    /// `unreachable`), in one transaction, except those whose daemon was heard at or after
+    /// `cutoff` by the time their nodes are locked: nothing of those is written. One answer
+    /// per request, in the order given; an error of the whole batch (a database error,
+    /// mostly) rolls it back and is the answer.
     ///
-    /// The candidate's version alone cannot tell: a daemon that comes back to a node still
+    /// A request's version alone cannot tell: a daemon that comes back to a node still
     /// `connected` (its gateway died without closing the session) opens a session without
     /// changing the node. Under load the controller marks its candidates many seconds after
     /// its query: in a failover at 100,000 nodes 2,492 nodes were marked `unreachable`, and
     /// 2,197 of them came back by a heartbeat rather than a `hello`, their new session open
     /// before the mark (BENCHMARKS.md, session 29). A `hello` locks the node before it
-    /// writes the session, so once the lock is held here a session opened since the query
-    /// has committed, and the read after it sees it; a heartbeat batch writes the session
-    /// row without the node's lock, and the read waits for it to commit
+    /// writes the session, so once the locks are held here a session opened since the query
+    /// has committed, and the read after them sees it; a heartbeat batch writes session rows
+    /// without their nodes' locks, and the read waits for it to commit
     /// ([`liveness::heard_since`]).
-    pub async fn change_silent_node<F>(
+    ///
+    /// The nodes are changed together ([`Services::change_nodes_in`]), not a transaction
+    /// each: each transaction takes the event-order lock at its commit, and in that
+    /// failover 753 marks, one transaction each, ran while the daemons' reconnects were
+    /// writing their own events (BENCHMARKS.md, session 30).
+    pub async fn change_silent_nodes<F>(
         &self,
-        actor: &Actor,
-        candidate: &Candidate,
         cutoff: DateTime<Utc>,
-        cause: &str,
-        change: F,
-    ) -> ApiResult<Option<NodeRecord>>
+        requests: Vec<NodeChangeRequest<F>>,
+    ) -> ApiResult<Vec<SilentChange>>
     where
         F: NodeTransition,
     {
+        if requests.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<NodeId> = requests.iter().map(|r| r.id.clone()).collect();
         let txn = self.store.write().await?;
-        txn.lock_node(&candidate.node_id).await?;
-        if liveness::heard_since(&*txn, &candidate.node_id, cutoff).await? {
-            return Ok(None);
+        txn.lock_nodes(&ids).await?;
+        let heard = liveness::heard_since(&*txn, &ids, cutoff).await?;
+        let mut answers: Vec<Option<SilentChange>> = Vec::with_capacity(requests.len());
+        let mut tried = Vec::new();
+        let mut tried_at = Vec::new();
+        for (index, request) in requests.into_iter().enumerate() {
+            if heard.contains(&request.id) {
+                answers.push(Some(SilentChange::HeardAgain));
+            } else {
+                answers.push(None);
+                tried_at.push(index);
+                tried.push(request);
+            }
         }
         let everyone = |_: &NodeRecord| true;
-        let (after, changes) = self
-            .change_node_in(
-                &txn,
-                actor,
-                &candidate.node_id,
-                Some(candidate.version),
-                &everyone,
-                cause,
-                change,
-            )
-            .await?;
+        let outcomes = self.change_nodes_in(&txn, &everyone, tried).await?;
         txn.commit().await?;
-        self.after_node_commit(&after, &changes);
-        Ok(Some(after))
+        for (index, (_, outcome)) in tried_at.into_iter().zip(outcomes) {
+            if let Ok((after, changes)) = &outcome {
+                self.after_node_commit(after, changes);
+            }
+            answers[index] = Some(SilentChange::Tried(Box::new(outcome)));
+        }
+        Ok(answers.into_iter().flatten().collect())
     }
 
     /// `unreachable` and `lost` nodes whose open session heartbeated at or after `cutoff`.

@@ -18,6 +18,8 @@ use better_compute::controllers::{
     DrainController, DrainReport, LivenessController, LivenessReport,
 };
 use better_compute::pki::NodeIdentity;
+use better_compute::service::liveness::SilentChange;
+use better_compute::service::node_changes::NodeChangeRequest;
 use better_compute::service::sessions::Hello;
 use chrono::{DateTime, Duration, Utc};
 use sea_orm::ActiveValue::Set;
@@ -251,8 +253,9 @@ async fn a_silent_node_goes_unreachable_then_lost_and_comes_back() {
 
 /// A daemon that comes back to a node still `connected` (its gateway died without closing
 /// the session) opens a session without changing the node, so the version Liveness's query
-/// read cannot tell that it was heard since. The mark reads the session again under the
-/// node's lock: a node heard between the query and the mark stays `connected`, unchanged.
+/// read cannot tell that it was heard since. The mark reads the sessions again under the
+/// nodes' locks: a node heard between the query and the mark stays `connected`, unchanged,
+/// and the rest of its batch is marked.
 #[tokio::test]
 async fn a_node_heard_between_the_query_and_the_mark_stays_connected() {
     each_backend(async |s| {
@@ -299,23 +302,33 @@ async fn a_node_heard_between_the_query_and_the_mark_stays_connected() {
         assert_eq!(opened.len(), 1, "one answer for the one hello");
         heartbeat(s, &ids[1..2]).await;
 
+        // The three are marked in one batch, as the controller marks them.
         let actor = Actor::Controller("liveness".into());
-        let mut marked = Vec::new();
-        for candidate in &silent {
-            let after = services
-                .change_silent_node(
-                    &actor,
-                    candidate,
-                    cutoff,
-                    CAUSE_TIMEOUT,
-                    |n: &mut NodeRecord, by: &Actor, at| {
-                        Ok(n.set_connectivity(Connectivity::Unreachable, by, at))
-                    },
-                )
-                .await
-                .unwrap_or_else(|err| panic!("marking a silent node: {}", err.message()));
-            marked.push(after.map(|n| n.connectivity));
-        }
+        let requests = silent
+            .iter()
+            .map(|candidate| NodeChangeRequest {
+                id: candidate.node_id.clone(),
+                actor: actor.clone(),
+                expected_version: Some(candidate.version),
+                cause: CAUSE_TIMEOUT.to_owned(),
+                change: |n: &mut NodeRecord, by: &Actor, at| {
+                    Ok(n.set_connectivity(Connectivity::Unreachable, by, at))
+                },
+            })
+            .collect();
+        let marked: Vec<Option<Connectivity>> = services
+            .change_silent_nodes(cutoff, requests)
+            .await
+            .unwrap_or_else(|err| panic!("marking the silent nodes: {}", err.message()))
+            .into_iter()
+            .map(|change| match change {
+                SilentChange::HeardAgain => None,
+                SilentChange::Tried(outcome) => match *outcome {
+                    Ok((after, _)) => Some(after.connectivity),
+                    Err(err) => panic!("a mark was refused: {}", err.message()),
+                },
+            })
+            .collect();
         assert_eq!(marked, [None, None, Some(Connectivity::Unreachable)]);
         assert_eq!(
             connectivity(s, &ids).await,

@@ -16,9 +16,10 @@
 //! session, …, the event-order lock last, at commit) the session waits for the revoke to
 //! commit and then finds the identity replaced (`FORBIDDEN`) or the node still its own.
 //!
-//! Liveness, about to mark a silent node `unreachable`, locks the node and then reads its
-//! session row (step 5) `FOR SHARE`: a heartbeat batch written but not yet committed holds
-//! that row, so the mark waits for it and then leaves the node alone.
+//! Liveness, about to mark silent nodes `unreachable`, locks the nodes and then reads their
+//! session rows (step 5) `FOR SHARE`: a heartbeat batch written but not yet committed holds
+//! one of those rows, so the mark waits for it, then leaves that node alone and marks the
+//! rest of its batch.
 //!
 //! SQLite has one writer at a time and no row locks: nothing to interleave there.
 
@@ -31,6 +32,8 @@ use better_compute::controllers::liveness::CAUSE_TIMEOUT;
 use better_compute::error::{ApiError, ApiResult};
 use better_compute::pki::NodeIdentity;
 use better_compute::service::Services;
+use better_compute::service::liveness::{Candidate, SilentChange};
+use better_compute::service::node_changes::NodeChangeRequest;
 use better_compute::service::sessions::{Hello, OpenedSession};
 use better_compute::service::test_support::EVENT_ORDER_LOCK;
 use sea_orm::{
@@ -83,28 +86,35 @@ async fn a_heartbeat_not_yet_committed_keeps_its_node_from_being_marked_unreacha
     s.server.stop_controllers().await;
     let services = s.server.services.clone();
     let (site, pool) = s.site_and_pool(8).await;
-    let node = s.enroll(&site, &pool, "heard-late").await;
-    let identity = NodeIdentity {
-        node_id: NodeId::parse(node["id"].as_str().expect("a node id")).expect("a node id"),
-        identity_generation: 1,
-    };
-    open_session(&services, &identity, "gw-first")
-        .await
-        .unwrap_or_else(|e| panic!("opening a session: {}", e.message()));
+    // Two connected nodes: one whose heartbeat is under way when Liveness marks them, and
+    // one whose daemon stays silent.
+    let mut identities = Vec::new();
+    for name in ["heard-late", "silent"] {
+        let node = s.enroll(&site, &pool, name).await;
+        let identity = NodeIdentity {
+            node_id: NodeId::parse(node["id"].as_str().expect("a node id")).expect("a node id"),
+            identity_generation: 1,
+        };
+        open_session(&services, &identity, "gw-first")
+            .await
+            .unwrap_or_else(|e| panic!("opening a session: {}", e.message()));
+        identities.push(identity);
+    }
+    let (heard_late, silent_node) = (&identities[0].node_id, &identities[1].node_id);
 
-    // Silent as of a cutoff a second ahead; the candidate query reads the node's version.
+    // Silent as of a cutoff a second ahead; the candidate query reads the nodes' versions.
     let cutoff = services.clock.now() + chrono::Duration::seconds(1);
-    let silent = services
+    let candidates: Vec<Candidate> = services
         .silent_nodes(cutoff)
         .await
         .unwrap_or_else(|e| panic!("the silent nodes: {}", e.message()));
-    let candidate = silent
-        .into_iter()
-        .find(|c| c.node_id == identity.node_id)
-        .expect("the node is silent as of the cutoff");
-    let version = candidate.version;
+    assert_eq!(candidates.len(), 2, "both nodes are silent: {candidates:?}");
+    let versions: BTreeMap<NodeId, i64> = candidates
+        .iter()
+        .map(|c| (c.node_id.clone(), c.version))
+        .collect();
 
-    // 1. A heartbeat batch writes the session's `last_seen` past the cutoff, uncommitted.
+    // 1. A heartbeat batch writes the first node's `last_seen` past the cutoff, uncommitted.
     let watcher = own_connection(&s).await;
     let holder = own_connection(&s).await;
     let heartbeat = holder.begin().await.expect("a transaction");
@@ -112,44 +122,72 @@ async fn a_heartbeat_not_yet_committed_keeps_its_node_from_being_marked_unreacha
         .execute_unprepared(&format!(
             "UPDATE node_sessions SET last_seen = '{}' WHERE node_id = '{}'",
             (cutoff + chrono::Duration::seconds(1)).to_rfc3339(),
-            identity.node_id
+            heard_late
         ))
         .await
         .expect("the heartbeat's write");
 
-    // 2. The mark locks the node and waits for the session row.
+    // 2. The mark locks both nodes and waits for the first one's session row.
     let mark = tokio::spawn({
         let services = services.clone();
         async move {
-            services
-                .change_silent_node(
-                    &Actor::Controller("liveness".into()),
-                    &candidate,
-                    cutoff,
-                    CAUSE_TIMEOUT,
-                    |n: &mut NodeRecord, by: &Actor, at| {
+            let actor = Actor::Controller("liveness".into());
+            let requests = candidates
+                .iter()
+                .map(|candidate| NodeChangeRequest {
+                    id: candidate.node_id.clone(),
+                    actor: actor.clone(),
+                    expected_version: Some(candidate.version),
+                    cause: CAUSE_TIMEOUT.to_owned(),
+                    change: |n: &mut NodeRecord, by: &Actor, at| {
                         Ok(n.set_connectivity(Connectivity::Unreachable, by, at))
                     },
-                )
-                .await
+                })
+                .collect();
+            let changes = services.change_silent_nodes(cutoff, requests).await?;
+            Ok::<_, ApiError>(candidates.into_iter().zip(changes).collect::<Vec<_>>())
         }
     });
     wait_for_waiters(&watcher, "true", 1).await;
 
-    // 3. The heartbeat commits: the mark sees it and writes nothing.
+    // 3. The heartbeat commits: the mark sees it and leaves that node alone, and marks the
+    //    other one.
     heartbeat.commit().await.expect("the heartbeat's commit");
     let marked = mark
         .await
         .expect("the mark")
-        .unwrap_or_else(|e| panic!("marking the node: {}", e.message()));
-    assert!(marked.is_none(), "marked: {marked:?}");
-    let after = services
-        .node_record(&identity.node_id)
-        .await
-        .unwrap_or_else(|e| panic!("reading the node: {}", e.message()))
-        .expect("the node");
-    assert_eq!(after.connectivity, Connectivity::Connected);
-    assert_eq!(after.version, version, "the node was not written");
+        .unwrap_or_else(|e| panic!("marking the nodes: {}", e.message()));
+    for (candidate, change) in &marked {
+        match change {
+            SilentChange::HeardAgain => assert_eq!(&candidate.node_id, heard_late),
+            SilentChange::Tried(outcome) => match &**outcome {
+                Ok((after, _)) => {
+                    assert_eq!(&candidate.node_id, silent_node);
+                    assert_eq!(after.connectivity, Connectivity::Unreachable);
+                }
+                Err(e) => panic!("a mark was refused: {}", e.message()),
+            },
+        }
+    }
+    for (id, connectivity, version) in [
+        (heard_late, Connectivity::Connected, versions[heard_late]),
+        (
+            silent_node,
+            Connectivity::Unreachable,
+            versions[silent_node] + 1,
+        ),
+    ] {
+        let after = services
+            .node_record(id)
+            .await
+            .unwrap_or_else(|e| panic!("reading the node: {}", e.message()))
+            .expect("the node");
+        assert_eq!(
+            (after.connectivity, after.version),
+            (connectivity, version),
+            "{id}"
+        );
+    }
     watcher.close().await.expect("closing");
     holder.close().await.expect("closing");
     s.stop().await;

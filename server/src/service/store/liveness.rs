@@ -12,11 +12,14 @@ use bc_core::ids::{NodeId, SiteId};
 use bc_entity::{node, node_session};
 use chrono::{DateTime, Utc};
 use sea_orm::sea_query::{Cond, Expr, ExprTrait, Func, Order, Query, SelectStatement};
-use sea_orm::{ConnectionTrait, QueryResult};
-use std::collections::HashMap;
+use sea_orm::{ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, QueryResult, QuerySelect};
+use std::collections::{HashMap, HashSet};
+
+use super::batch_shapes::one_of;
+use super::sessions::HEARTBEAT_CHUNK;
 
 /// A node a liveness rule picked, with what the rule saw. `version` is passed back with the
-/// change (`apply_node_change`, or `change_silent_node` for a silent one), so a node that
+/// change (`apply_node_changes`, or `change_silent_nodes` for silent ones), so a node that
 /// changed since this query is skipped (`CONFLICT`) and looked at again next tick.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Candidate {
@@ -124,32 +127,53 @@ pub async fn silent(
     .await
 }
 
-/// Whether the node's session heartbeated (or opened) at or after `cutoff`: the session half
-/// of [`silent`]'s rule, read again by the transaction about to mark the node (the rest of
-/// the rule, its connectivity, is what the candidate's version guards).
+/// Which of `ids` have a session that heartbeated (or opened) at or after `cutoff`: the
+/// session half of [`silent`]'s rule, read again by the transaction about to mark those nodes
+/// (the rest of the rule, their connectivity, is what each candidate's version guards).
 ///
-/// On PostgreSQL the row is read `FOR SHARE` by its key alone, and compared here: a
-/// heartbeat batch that has written the row but not yet committed holds it, so the read
-/// waits for that commit and then returns the new `last_seen`. (A condition on `last_seen`
-/// in the query would be judged on the row as it was before, and the read would not wait.)
-/// Heartbeat batches lock session rows only, so this wait closes no cycle (ARCHITECTURE.md,
-/// lock order, step 5).
+/// On PostgreSQL the rows are read `FOR SHARE` by their keys alone, and compared here: a
+/// heartbeat batch that has written a row but not yet committed holds it, so the read waits
+/// for that commit and then returns the new `last_seen`. (A condition on `last_seen` in the
+/// query would be judged on the row as it was before, and the read would not wait.) The rows
+/// are taken in node id order, as heartbeat batches take theirs, so a mark and a heartbeat
+/// batch that share rows wait for one another in one direction only; and heartbeat batches
+/// lock session rows only, so this wait closes no cycle (ARCHITECTURE.md, lock order, step
+/// 5). One statement reads as many sessions as one heartbeat read does, for the same reason
+/// (the planner keeps the lookup by key).
 pub async fn heard_since(
     conn: &impl ConnectionTrait,
-    node_id: &NodeId,
+    ids: &[NodeId],
     cutoff: DateTime<Utc>,
-) -> anyhow::Result<bool> {
-    let query = Query::select()
-        .column(node_session::Column::LastSeen)
-        .from(node_session::Entity)
-        .and_where(Expr::col(node_session::Column::NodeId).eq(node_id.to_string()))
-        .lock_shared()
-        .to_owned();
-    let Some(row) = conn.query_one(&query).await? else {
-        return Ok(false);
-    };
-    let last_seen: DateTime<Utc> = row.try_get("", "last_seen")?;
-    Ok(last_seen >= cutoff)
+) -> anyhow::Result<HashSet<NodeId>> {
+    let mut sorted: Vec<String> = ids.iter().map(ToString::to_string).collect();
+    sorted.sort();
+    sorted.dedup();
+    let mut heard = HashSet::new();
+    for chunk in sorted.chunks(HEARTBEAT_CHUNK) {
+        let select = node_session::Entity::find()
+            .select_only()
+            .column(node_session::Column::NodeId)
+            .column(node_session::Column::LastSeen)
+            .filter(one_of(
+                Expr::col(node_session::Column::NodeId),
+                chunk,
+                conn.get_database_backend(),
+            ))
+            .order_by_asc(node_session::Column::NodeId);
+        let rows: Vec<(String, DateTime<Utc>)> = super::lock_for_share(select, conn)
+            .into_tuple()
+            .all(conn)
+            .await?;
+        for (id, last_seen) in rows {
+            if last_seen >= cutoff {
+                heard.insert(
+                    NodeId::parse(&id)
+                        .map_err(|_| anyhow!("corrupt row: node_sessions.node_id = `{id}`"))?,
+                );
+            }
+        }
+    }
+    Ok(heard)
 }
 
 /// `unreachable` and `lost` nodes whose session is open and heartbeated at or after

@@ -352,6 +352,17 @@ pub fn lock_for_update<S: sea_orm::QuerySelect>(select: S, conn: &impl Connectio
     }
 }
 
+/// Applies `FOR SHARE` where the database has it: a read that must wait for a row's
+/// uncommitted write, without keeping other readers out. SQLite has no row locks, and its one
+/// writer leaves nothing uncommitted for a write transaction to wait for.
+pub fn lock_for_share<S: sea_orm::QuerySelect>(select: S, conn: &impl ConnectionTrait) -> S {
+    if conn.get_database_backend() == DbBackend::Postgres {
+        select.lock_shared()
+    } else {
+        select
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -131,7 +131,7 @@ pub async fn current_epoch(
 /// last one took: 225 ms on average, for about 170 beats, in a 50,000-node bring-up. The
 /// price, on both backends, is a read per 256 beats rather than per 1,000, and about as
 /// many writes as before.
-const HEARTBEAT_CHUNK: usize = 256;
+pub(super) const HEARTBEAT_CHUNK: usize = 256;
 const _: () = assert!(
     HEARTBEAT_CHUNK.is_power_of_two(),
     "runs() splits by powers of two"
