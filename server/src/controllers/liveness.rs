@@ -78,10 +78,12 @@
 //!
 //! # Batches
 //!
-//! Each kind of transition is written [`NODES_PER_TRANSACTION`] nodes to a transaction, not
-//! one each: a failover hands the new leader thousands of silent nodes while their daemons
+//! Marks and recoveries are written [`NODES_PER_TRANSACTION`] nodes to a transaction, not one
+//! each: a failover hands the new leader thousands of silent nodes while their daemons
 //! reconnect, and every transaction takes the event-order lock at its commit, as every
-//! `hello` does. A node refused in a batch (changed since the query) is skipped alone.
+//! `hello` does. A node refused in a batch (changed since the query) is skipped alone. Nodes
+//! become `lost` one to a transaction, since each loses its work with it
+//! ([`LOST_PER_TRANSACTION`]).
 //!
 //! [`paused_sites`]: LivenessController::paused_sites
 
@@ -106,6 +108,14 @@ pub const ACTOR: &str = "liveness";
 pub const CAUSE_TIMEOUT: &str = "liveness:heartbeat-timeout";
 /// Cause of `unreachable → lost`.
 pub const CAUSE_LOST: &str = "liveness:lost";
+/// Nodes made `lost` per transaction: one. A node that becomes `lost` loses its work in the
+/// same transaction, and an eviction locks each reservation on the node and then the free-atom
+/// counts of all of that reservation's nodes (ARCHITECTURE.md, lock order, steps 3 and 4);
+/// a second node's evictions in the same transaction would go back to step 3 and could wait,
+/// in a cycle, for a release that waits for counts the first eviction took. And nodes become
+/// `lost` far less often than `unreachable`: ten minutes after they went silent, if they
+/// stayed so.
+const LOST_PER_TRANSACTION: usize = 1;
 /// Cause of `unreachable`/`lost` → `connected`.
 pub const CAUSE_HEARD_AGAIN: &str = "liveness:heartbeat-resumed";
 /// Event recorded when a site's brake trips.
@@ -222,15 +232,15 @@ impl LivenessController {
 
         // 1. Recovery first, whatever the brake says.
         let heard_again = self.services.nodes_heard_again(cutoff).await?;
-        for batch in heard_again.chunks(NODES_PER_TRANSACTION) {
-            let requests = batch
-                .iter()
-                .map(|node| self.request(node, Connectivity::Connected, CAUSE_HEARD_AGAIN))
-                .collect();
-            for applied in apply_batch(&self.services, &self.actor, requests).await {
-                report.count(applied, Connectivity::Connected);
-            }
-        }
+        let heard_again: Vec<&Candidate> = heard_again.iter().collect();
+        self.transition(
+            &heard_again,
+            Connectivity::Connected,
+            CAUSE_HEARD_AGAIN,
+            NODES_PER_TRANSACTION,
+            &mut report,
+        )
+        .await;
 
         let silent = self.services.silent_nodes(cutoff).await?;
         let expired = self
@@ -259,24 +269,16 @@ impl LivenessController {
             self.update_brakes(now, &silent, &stored, &mut report)
                 .await?;
             let silent = self.unless_paused(&silent, &mut report);
-            for batch in silent.chunks(NODES_PER_TRANSACTION) {
-                for mark in self.mark_silent(batch, cutoff).await {
-                    match mark {
-                        Mark::Judged(applied) => report.count(applied, Connectivity::Unreachable),
-                        Mark::HeardAgain => report.count_heard_at_mark(),
-                    }
-                }
-            }
+            self.mark_silent(&silent, cutoff, &mut report).await;
             let expired = self.unless_paused(&expired, &mut report);
-            for batch in expired.chunks(NODES_PER_TRANSACTION) {
-                let requests = batch
-                    .iter()
-                    .map(|node| self.request(node, Connectivity::Lost, CAUSE_LOST))
-                    .collect();
-                for applied in apply_batch(&self.services, &self.actor, requests).await {
-                    report.count(applied, Connectivity::Lost);
-                }
-            }
+            self.transition(
+                &expired,
+                Connectivity::Lost,
+                CAUSE_LOST,
+                LOST_PER_TRANSACTION,
+                &mut report,
+            )
+            .await;
         }
 
         report.paused_sites = self.paused_sites();
@@ -297,50 +299,63 @@ impl LivenessController {
         free
     }
 
-    /// The change that moves a candidate's connectivity to `to`, if the node is still as the
-    /// query saw it.
-    fn request(
+    /// Moves the candidates' connectivity to `to`, `per_transaction` nodes to a transaction,
+    /// and counts what became of each.
+    async fn transition(
         &self,
-        node: &Candidate,
+        candidates: &[&Candidate],
         to: Connectivity,
         cause: &str,
-    ) -> NodeChangeRequest<impl NodeTransition + use<>> {
-        NodeChangeRequest {
-            id: node.node_id.clone(),
-            actor: self.actor.clone(),
-            expected_version: Some(node.version),
-            cause: cause.to_owned(),
-            change: move_connectivity(node.connectivity, to),
+        per_transaction: usize,
+        report: &mut LivenessReport,
+    ) {
+        for batch in candidates.chunks(per_transaction) {
+            let requests = batch
+                .iter()
+                .map(|node| transition_request(&self.actor, node, to, cause))
+                .collect();
+            for applied in apply_batch(&self.services, &self.actor, requests).await {
+                report.count(applied, to);
+            }
         }
     }
 
-    /// Marks silent candidates `unreachable` in one transaction, except those whose daemon
-    /// was heard at or after `cutoff` since the query: a daemon that comes back to a node
-    /// still `connected` leaves the node's version as it was
-    /// ([`Services::change_silent_nodes`]). One mark per candidate, in order.
-    async fn mark_silent(&self, batch: &[&Candidate], cutoff: DateTime<Utc>) -> Vec<Mark> {
-        let requests = batch
-            .iter()
-            .map(|node| self.request(node, Connectivity::Unreachable, CAUSE_TIMEOUT))
-            .collect();
-        match self.services.change_silent_nodes(cutoff, requests).await {
-            Ok(changes) => changes
-                .into_iter()
-                .zip(batch)
-                .map(|(change, node)| match change {
-                    SilentChange::HeardAgain => Mark::HeardAgain,
-                    SilentChange::Tried(outcome) => Mark::Judged(judge(
-                        &self.actor,
-                        &node.node_id,
-                        CAUSE_TIMEOUT,
-                        (*outcome).map(|(_, changes)| !changes.is_empty()),
-                    )),
-                })
-                .collect(),
-            Err(err) => batch_failed(&self.actor, batch.len(), &err)
-                .into_iter()
-                .map(Mark::Judged)
-                .collect(),
+    /// Marks silent candidates `unreachable`, [`NODES_PER_TRANSACTION`] to a transaction,
+    /// except those whose daemon was heard at or after `cutoff` since the query: a daemon that
+    /// comes back to a node still `connected` leaves the node's version as it was
+    /// ([`Services::change_silent_nodes`]). Counts what became of each.
+    async fn mark_silent(
+        &self,
+        silent: &[&Candidate],
+        cutoff: DateTime<Utc>,
+        report: &mut LivenessReport,
+    ) {
+        let to = Connectivity::Unreachable;
+        for batch in silent.chunks(NODES_PER_TRANSACTION) {
+            let requests = batch
+                .iter()
+                .map(|node| transition_request(&self.actor, node, to, CAUSE_TIMEOUT))
+                .collect();
+            match self.services.change_silent_nodes(cutoff, requests).await {
+                Ok(changes) => {
+                    for (change, node) in changes.into_iter().zip(batch) {
+                        match change {
+                            SilentChange::HeardAgain => report.count_heard_at_mark(),
+                            SilentChange::Tried(outcome) => {
+                                let changed = (*outcome).map(|(_, changes)| !changes.is_empty());
+                                let applied =
+                                    judge(&self.actor, &node.node_id, CAUSE_TIMEOUT, changed);
+                                report.count(applied, to);
+                            }
+                        }
+                    }
+                }
+                Err(err) => {
+                    for applied in batch_failed(&self.actor, batch.len(), &err) {
+                        report.count(applied, to);
+                    }
+                }
+            }
         }
     }
 
@@ -438,13 +453,22 @@ impl LivenessController {
     }
 }
 
-/// What became of a silent node's mark ([`LivenessController::mark_silent`]).
-#[derive(Debug, Clone, Copy)]
-enum Mark {
-    /// The mark was tried; what became of it.
-    Judged(Applied),
-    /// The node's daemon was heard again between the query and the mark: nothing written.
-    HeardAgain,
+/// The request that moves a candidate's connectivity to `to` on behalf of `actor`, expecting
+/// the version its query read: what the controller writes for each of its transitions (and
+/// what tests hand [`Services::change_silent_nodes`] to mark nodes as the controller does).
+pub fn transition_request(
+    actor: &Actor,
+    node: &Candidate,
+    to: Connectivity,
+    cause: &str,
+) -> NodeChangeRequest<impl NodeTransition + use<>> {
+    NodeChangeRequest {
+        id: node.node_id.clone(),
+        actor: actor.clone(),
+        expected_version: Some(node.version),
+        cause: cause.to_owned(),
+        change: move_connectivity(node.connectivity, to),
+    }
 }
 
 /// The change that moves a node's connectivity from `seen` (what the candidate query read)

@@ -3,10 +3,12 @@
 //! (a pool's policy run as commands, `remediation.rs`).
 //!
 //! A controller never writes a node itself. It finds candidates with one query per rule
-//! (a `Services` read such as `silent_nodes`), then hands each to [`Services::apply_node_change`] with its own
-//! actor and the `version` the query read: the row is locked, the domain transition applied,
-//! `version` bumped and the events written in one transaction. A node that changed since the
-//! query is `CONFLICT` and is simply looked at again on the next tick.
+//! (a `Services` read such as `silent_nodes`), then hands them to the node changes of
+//! `Services` ([`apply_batch`], or one of its own such as `change_silent_nodes`) with its own
+//! actor and the `version` the query read: the rows are locked, the domain transitions
+//! applied, `version` bumped and the events written, [`NODES_PER_TRANSACTION`] nodes to a
+//! transaction. A node that changed since the query is `CONFLICT` and is simply looked at
+//! again on the next tick.
 //!
 //! Each controller has a `tick()` that does one pass and returns a report; [`spawn`] runs
 //! them all every `liveness.tick_interval_secs` until stopped (the Power controller, whose
@@ -79,7 +81,7 @@ pub(crate) enum Applied {
 }
 
 /// Nodes a controller writes per transaction (Lifecycle's diagnostics, adoptions and first
-/// specs; Liveness's marks and recoveries). A fleet coming up gives a pass a thousand nodes
+/// specs; Liveness's marks `unreachable` and recoveries). A fleet coming up gives a pass a thousand nodes
 /// to move, and a transaction each (about 13 ms on the one SQLite writer) held adoption to a
 /// few dozen nodes a second while sessions and operators queued behind it; on PostgreSQL
 /// each commit takes the event-order lock, which every other writer of events waits for. A

@@ -73,28 +73,33 @@ impl Services {
         let txn = self.store.write().await?;
         txn.lock_nodes(&ids).await?;
         let heard = liveness::heard_since(&*txn, &ids, cutoff).await?;
-        let mut answers: Vec<Option<SilentChange>> = Vec::with_capacity(requests.len());
-        let mut tried = Vec::new();
-        let mut tried_at = Vec::new();
-        for (index, request) in requests.into_iter().enumerate() {
-            if heard.contains(&request.id) {
-                answers.push(Some(SilentChange::HeardAgain));
-            } else {
-                answers.push(None);
-                tried_at.push(index);
-                tried.push(request);
-            }
-        }
+        let was_heard: Vec<bool> = ids.iter().map(|id| heard.contains(id)).collect();
+        let tried: Vec<NodeChangeRequest<F>> = requests
+            .into_iter()
+            .zip(&was_heard)
+            .filter(|(_, heard)| !**heard)
+            .map(|(request, _)| request)
+            .collect();
         let everyone = |_: &NodeRecord| true;
         let outcomes = self.change_nodes_in(&txn, &everyone, tried).await?;
         txn.commit().await?;
-        for (index, (_, outcome)) in tried_at.into_iter().zip(outcomes) {
-            if let Ok((after, changes)) = &outcome {
-                self.after_node_commit(after, changes);
-            }
-            answers[index] = Some(SilentChange::Tried(Box::new(outcome)));
-        }
-        Ok(answers.into_iter().flatten().collect())
+        self.after_node_commits(&outcomes);
+        // `change_nodes_in` answers each request it was given (the tried ones), in order.
+        let mut outcomes = outcomes.into_iter();
+        was_heard
+            .into_iter()
+            .map(|heard| {
+                if heard {
+                    return Ok(SilentChange::HeardAgain);
+                }
+                let (_, outcome) = outcomes.next().ok_or_else(|| {
+                    ApiError::internal(anyhow::anyhow!(
+                        "a batch of node changes answered fewer requests than it was given"
+                    ))
+                })?;
+                Ok(SilentChange::Tried(Box::new(outcome)))
+            })
+            .collect()
     }
 
     /// `unreachable` and `lost` nodes whose open session heartbeated at or after `cutoff`.

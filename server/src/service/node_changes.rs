@@ -77,8 +77,8 @@ impl Services {
             .ok_or_else(|| not_found(id))
     }
 
-    /// [`Services::change_node_in`] in a transaction of its own. Controllers call this
-    /// directly with their own actor and no version.
+    /// [`Services::change_node_in`] in a transaction of its own, for a writer with one node to
+    /// change (controllers write theirs in batches, [`Services::apply_node_changes`]).
     pub async fn apply_node_change<F>(
         &self,
         actor: &Actor,
@@ -119,12 +119,7 @@ impl Services {
         let txn = self.store.write().await?;
         let outcomes = self.change_nodes_in(&txn, &everyone, items).await?;
         txn.commit().await?;
-        for (after, changes) in outcomes
-            .iter()
-            .filter_map(|(_, outcome)| outcome.as_ref().ok())
-        {
-            self.after_node_commit(after, changes);
-        }
+        self.after_node_commits(&outcomes);
         Ok(outcomes)
     }
 
@@ -332,6 +327,16 @@ impl Services {
                 .await?;
         }
         Ok(())
+    }
+
+    /// [`Services::after_node_commit`] for each change of a batch that was written.
+    pub(crate) fn after_node_commits(&self, outcomes: &[NodeChangeOutcome]) {
+        for (after, changes) in outcomes
+            .iter()
+            .filter_map(|(_, outcome)| outcome.as_ref().ok())
+        {
+            self.after_node_commit(after, changes);
+        }
     }
 
     /// What follows a committed node change in this process: a replaced identity ends the

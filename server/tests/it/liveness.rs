@@ -13,13 +13,13 @@ use better_compute::auth::Role as ApiRole;
 use better_compute::config::LivenessConfig;
 use better_compute::controllers::liveness::{
     CAUSE_HEARD_AGAIN, CAUSE_LOST, CAUSE_TIMEOUT, EVENT_PAUSED, EVENT_RELEASED, EVENT_RESUMED,
+    transition_request,
 };
 use better_compute::controllers::{
     DrainController, DrainReport, LivenessController, LivenessReport,
 };
 use better_compute::pki::NodeIdentity;
 use better_compute::service::liveness::SilentChange;
-use better_compute::service::node_changes::NodeChangeRequest;
 use better_compute::service::sessions::Hello;
 use chrono::{DateTime, Duration, Utc};
 use sea_orm::ActiveValue::Set;
@@ -302,18 +302,14 @@ async fn a_node_heard_between_the_query_and_the_mark_stays_connected() {
         assert_eq!(opened.len(), 1, "one answer for the one hello");
         heartbeat(s, &ids[1..2]).await;
 
-        // The three are marked in one batch, as the controller marks them.
+        // The three are marked in one batch, as the controller marks them, asked for in an
+        // order of neither their ids nor their answers (the node to mark between the two
+        // heard again): each answer must be its own request's.
         let actor = Actor::Controller("liveness".into());
-        let requests = silent
-            .iter()
-            .map(|candidate| NodeChangeRequest {
-                id: candidate.node_id.clone(),
-                actor: actor.clone(),
-                expected_version: Some(candidate.version),
-                cause: CAUSE_TIMEOUT.to_owned(),
-                change: |n: &mut NodeRecord, by: &Actor, at| {
-                    Ok(n.set_connectivity(Connectivity::Unreachable, by, at))
-                },
+        let requests = [&silent[1], &silent[2], &silent[0]]
+            .into_iter()
+            .map(|candidate| {
+                transition_request(&actor, candidate, Connectivity::Unreachable, CAUSE_TIMEOUT)
             })
             .collect();
         let marked: Vec<Option<Connectivity>> = services
@@ -329,7 +325,7 @@ async fn a_node_heard_between_the_query_and_the_mark_stays_connected() {
                 },
             })
             .collect();
-        assert_eq!(marked, [None, None, Some(Connectivity::Unreachable)]);
+        assert_eq!(marked, [None, Some(Connectivity::Unreachable), None]);
         assert_eq!(
             connectivity(s, &ids).await,
             [
@@ -775,6 +771,57 @@ async fn a_few_silent_nodes_in_a_big_site_go_unreachable() {
             [Connectivity::Unreachable; 2]
         );
         assert!(site_events(s, EVENT_PAUSED).await.is_empty());
+    })
+    .await;
+}
+
+/// Marks and recoveries are written 250 nodes to a transaction: a tick with more than that
+/// writes every one of them, and each once.
+#[tokio::test]
+async fn more_silent_nodes_than_a_transaction_holds_are_all_marked_and_all_recovered() {
+    each_backend(async |s| {
+        let mut liveness = liveness(s).await;
+        let site = site(s).await;
+        // 260 of 1,000 go silent: under the brake's 30 %.
+        let ids = connected_nodes(s, &site, 1_000).await;
+        let (silent, healthy) = ids.split_at(260);
+
+        s.clock.advance(GRACE + Duration::seconds(1));
+        heartbeat(s, healthy).await;
+        let report = tick(&mut liveness).await;
+        assert_eq!(
+            (report.unreachable, report.skipped, report.failed),
+            (260, 0, 0),
+            "{report:?}"
+        );
+        assert!(report.paused_sites.is_empty(), "{report:?}");
+        assert_eq!(
+            connectivity(s, silent).await,
+            [Connectivity::Unreachable; 260]
+        );
+
+        // They all heartbeat again: every one comes back on the next tick.
+        s.clock.advance(Duration::seconds(5));
+        heartbeat(s, &ids).await;
+        let report = tick(&mut liveness).await;
+        assert_eq!(
+            (report.connected, report.unreachable, report.skipped),
+            (260, 0, 0),
+            "{report:?}"
+        );
+        assert_eq!(
+            connectivity(s, silent).await,
+            [Connectivity::Connected; 260]
+        );
+        let marks = node_events(s, &silent[259])
+            .await
+            .into_iter()
+            .filter(|e| e.cause.as_deref() == Some(CAUSE_TIMEOUT))
+            .count();
+        assert_eq!(
+            marks, 2,
+            "one connectivity change and one reason added, once"
+        );
     })
     .await;
 }

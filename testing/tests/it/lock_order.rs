@@ -1,7 +1,7 @@
 //! The lock order of ARCHITECTURE.md's Invariants, driven step by step on PostgreSQL (issue
-//! 17, item 6): two real use cases on one node, interleaved by holding the event-order lock
-//! from a connection of the test's own, so that each takes its first locks and then waits
-//! where the order says it may.
+//! 17, item 6): real use cases interleaved by holding a lock they need (the event-order lock,
+//! a session row) from a connection of the test's own, so that each takes its first locks
+//! and then waits where the order says it may.
 //!
 //! A revoke (any change that replaces a node's identity closes the node's open session in
 //! its transaction) races a session starting or ending on the same node:
@@ -26,14 +26,12 @@
 use bc_core::Actor;
 use bc_core::axes::Connectivity;
 use bc_core::ids::NodeId;
-use bc_core::node::NodeRecord;
 use bc_testing::{Backend, TestServer};
-use better_compute::controllers::liveness::CAUSE_TIMEOUT;
+use better_compute::controllers::liveness::{CAUSE_TIMEOUT, transition_request};
 use better_compute::error::{ApiError, ApiResult};
 use better_compute::pki::NodeIdentity;
 use better_compute::service::Services;
 use better_compute::service::liveness::{Candidate, SilentChange};
-use better_compute::service::node_changes::NodeChangeRequest;
 use better_compute::service::sessions::{Hello, OpenedSession};
 use better_compute::service::test_support::EVENT_ORDER_LOCK;
 use sea_orm::{
@@ -127,21 +125,19 @@ async fn a_heartbeat_not_yet_committed_keeps_its_node_from_being_marked_unreacha
         .await
         .expect("the heartbeat's write");
 
-    // 2. The mark locks both nodes and waits for the first one's session row.
+    // 2. The mark locks both nodes and waits for the first one's session row. It is asked
+    //    for the nodes in the opposite order to their ids, the order it locks them in: each
+    //    answer must be its own request's.
     let mark = tokio::spawn({
         let services = services.clone();
+        let mut candidates = candidates;
+        candidates.reverse();
         async move {
             let actor = Actor::Controller("liveness".into());
             let requests = candidates
                 .iter()
-                .map(|candidate| NodeChangeRequest {
-                    id: candidate.node_id.clone(),
-                    actor: actor.clone(),
-                    expected_version: Some(candidate.version),
-                    cause: CAUSE_TIMEOUT.to_owned(),
-                    change: |n: &mut NodeRecord, by: &Actor, at| {
-                        Ok(n.set_connectivity(Connectivity::Unreachable, by, at))
-                    },
+                .map(|candidate| {
+                    transition_request(&actor, candidate, Connectivity::Unreachable, CAUSE_TIMEOUT)
                 })
                 .collect();
             let changes = services.change_silent_nodes(cutoff, requests).await?;

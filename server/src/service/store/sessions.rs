@@ -119,7 +119,9 @@ pub async fn current_epoch(
         .map(|s| s.epoch))
 }
 
-/// How many heartbeats one statement reads or writes (a power of two: [`runs`]).
+/// How many heartbeats one statement reads or writes (a power of two: [`runs`]), and how many
+/// sessions Liveness reads again in one statement before it marks their nodes
+/// (`liveness::heard_since`), for the same reason.
 ///
 /// Small enough that PostgreSQL keeps the plan that looks each row up by its key. Its
 /// planner prices an index lookup as a read from disk (`random_page_cost`), so past some
