@@ -160,6 +160,10 @@ impl Gql {
 }
 
 /// The JWT secret test servers sign with.
+/// How long [`TestServer::wait_for_lock_waiters`] waits for waits that take milliseconds
+/// when all is well, and how often it looks.
+pub const LOCK_WAIT_SETTLE: std::time::Duration = std::time::Duration::from_secs(60);
+const LOCK_WAIT_POLL: std::time::Duration = std::time::Duration::from_millis(20);
 const TEST_SECRET: &str = "better-compute-test-secret-0123456789abcdef";
 /// The harness's admin token lives ten years of the test clock: tests move it days ahead.
 const ADMIN_TOKEN_TTL: Duration = Duration::days(3650);
@@ -294,13 +298,48 @@ impl TestServer {
             .expect("connecting to the test database")
     }
 
-    /// One connection of the test's own, in a pool of one (so `pg_backend_pid` is stable).
-    async fn single_connection(&self) -> sea_orm::DatabaseConnection {
+    /// One connection of the test's own, in a pool of one (so `pg_backend_pid` is stable):
+    /// to hold a lock a racing writer would hold, or to watch who waits for one.
+    pub async fn single_connection(&self) -> sea_orm::DatabaseConnection {
         let mut options = sea_orm::ConnectOptions::new(self.database_url().to_owned());
         options.max_connections(1).sqlx_logging(false);
         sea_orm::Database::connect(options)
             .await
             .expect("connecting to the test database")
+    }
+
+    /// Waits until exactly `count` backends of this server's PostgreSQL database wait for a
+    /// lock and match `filter` (a condition on `pg_stat_activity`), asking through `watcher`
+    /// (a [`TestServer::single_connection`]). Panics after [`LOCK_WAIT_SETTLE`].
+    pub async fn wait_for_lock_waiters(
+        &self,
+        watcher: &sea_orm::DatabaseConnection,
+        filter: &str,
+        count: i64,
+    ) {
+        let deadline = tokio::time::Instant::now() + LOCK_WAIT_SETTLE;
+        loop {
+            let row = watcher
+                .query_one_raw(sea_orm::Statement::from_string(
+                    watcher.get_database_backend(),
+                    format!(
+                        "SELECT count(*) AS waiting FROM pg_stat_activity \
+                         WHERE datname = current_database() AND wait_event_type = 'Lock' AND {filter}"
+                    ),
+                ))
+                .await
+                .expect("pg_stat_activity")
+                .expect("a row");
+            let waiting: i64 = row.try_get("", "waiting").expect("a count");
+            if waiting == count {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{waiting} backends wait for a lock ({filter}), not {count}"
+            );
+            tokio::time::sleep(LOCK_WAIT_POLL).await;
+        }
     }
 
     /// PostgreSQL's `deadlocks` counter for this server's database (`None` on SQLite). A

@@ -572,12 +572,16 @@ impl Services {
             return Ok(0);
         }
         let now = self.clock.now();
-        let mut evicted = 0;
-        // Reservation rows are locked in id order (the lock order), each once.
+        // Every reservation on the node is locked (step 3 of the lock order, in id order)
+        // before any free-atom count (step 4): evicting one reservation and then locking the
+        // next would go back a step, and a release of that next reservation, holding it and
+        // waiting for a count this eviction holds, would close a cycle (`deadlock detected`;
+        // `placement_races` met it).
         let mut reservation_ids: Vec<ReservationId> =
             on_node.into_iter().map(|a| a.reservation_id).collect();
         reservation_ids.sort();
         reservation_ids.dedup();
+        let mut evictions = Vec::new();
         for reservation_id in reservation_ids {
             let Some(mut reservation) =
                 store::load_reservation(&**txn, &reservation_id, true).await?
@@ -602,11 +606,20 @@ impl Services {
             let Ok(change) = reservation.evicted(&why, now) else {
                 continue;
             };
-            self.end_allocations_in(txn, &reservation, &why, actor, now)
+            evictions.push((reservation, before, change, why));
+        }
+        // The counts of every node the evicted gangs hold, locked once: each release below
+        // locks its own again, which a transaction holding them does not wait for.
+        let evicted_ids: Vec<ReservationId> =
+            evictions.iter().map(|(r, ..)| r.id.clone()).collect();
+        let nodes = store::active_nodes_of_reservations(&**txn, &evicted_ids).await?;
+        store::lock_free_counts(&**txn, &nodes).await?;
+        let evicted = evictions.len();
+        for (reservation, before, change, why) in &evictions {
+            self.end_allocations_in(txn, reservation, why, actor, now)
                 .await?;
-            self.save_move(txn, &reservation, before, &change, actor, now)
+            self.save_move(txn, reservation, *before, change, actor, now)
                 .await?;
-            evicted += 1;
         }
         if evicted > 0 {
             metrics::counter!("bc_evictions_total").increment(evicted as u64);

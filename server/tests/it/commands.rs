@@ -534,14 +534,6 @@ async fn commands_left_dispatched_by_a_crashed_session_are_redelivered_to_the_ne
     .await;
 }
 
-/// A connection of the test's own (a pool of one), to hold a command's row the way a racing
-/// writer would.
-async fn own_connection(s: &TestServer) -> sea_orm::DatabaseConnection {
-    let mut options = sea_orm::ConnectOptions::new(s.database_url().to_owned());
-    options.max_connections(1).sqlx_logging(false);
-    sea_orm::Database::connect(options).await.unwrap()
-}
-
 /// How long a SQLite test gives the server to reach the write it must wait at: SQLite cannot
 /// say who waits, and the server only needs to run a read first. (Well within the server's
 /// SQLite busy timeout, after which its write would fail.)
@@ -589,8 +581,8 @@ async fn a_command_change_that_loses_a_race_is_judged_on_the_winners_status() {
             .as_str()
             .unwrap()
             .to_owned();
-        let holder = own_connection(s).await;
-        let watcher = own_connection(s).await;
+        let holder = s.single_connection().await;
+        let watcher = s.single_connection().await;
 
         // The cancel and the result.
         let sent = send_command(s, s.admin_token(), &node, "INVENTORY_REFRESH", json!({}))

@@ -32,8 +32,8 @@ use proptest::test_runner::{Config as ProptestConfig, TestRunner};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sea_orm::{
-    AccessMode, ColumnTrait, DatabaseTransaction, EntityTrait, IsolationLevel, QueryFilter,
-    QueryOrder, QuerySelect, TransactionTrait,
+    AccessMode, ColumnTrait, ConnectionTrait, DatabaseTransaction, DbBackend, EntityTrait,
+    IsolationLevel, QueryFilter, QueryOrder, QuerySelect, Statement, TransactionTrait,
 };
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -143,6 +143,97 @@ async fn many_placers_with_cordons_drains_and_taints_on_a_200_node_pool() {
         );
         s.stop().await;
     }
+}
+
+/// An eviction and a release on one node, interleaved step by step on PostgreSQL (the lock
+/// order of ARCHITECTURE.md's Invariants; the load above met this race). The node holds two
+/// reservations, `first` and `second` in id order, and a `NoExecute` taint evicts both while
+/// `second`'s owner releases it. The test holds the node's free-atom count row from a
+/// connection of its own, so that:
+///
+/// - the taint locks the node and the reservations on it and waits for the count;
+/// - the release starts, locks `second` (or waits for it) and waits behind the taint;
+/// - the test lets the count go.
+///
+/// An eviction that locked `first`, released it (locking the count) and only then locked
+/// `second` waited for the release, which waited for the count: `deadlock detected`, one of
+/// them `INTERNAL`. Locking every reservation before any count, the taint evicts both and
+/// the release, finding `second` moved on, is `CONFLICT`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_eviction_racing_a_release_of_one_of_its_reservations_does_not_deadlock() {
+    if !Backend::selected().contains(&Backend::Postgres) {
+        return;
+    }
+    show_server_warnings();
+    let s = TestServer::start(Backend::Postgres)
+        .await
+        .expect("a PostgreSQL test server");
+    // No placement retry or drain pass waits for a lock meanwhile.
+    s.server.stop_controllers().await;
+    let setup = setup(&s).await;
+    let node = schedulable_nodes(&s, &setup, 1, GPUS).await.remove(0);
+    let mut placed = Vec::new();
+    for _ in 0..2 {
+        let answer = reserve(
+            &s,
+            &setup.token,
+            json!({ "poolId": setup.pool.to_string(), "gpusPerNode": GPUS / 2 }),
+        )
+        .await;
+        let reservation = answer.data()["createReservation"]["reservation"].clone();
+        assert_eq!(reservation["state"], "PLACED", "{reservation:#}");
+        placed.push(reservation);
+    }
+    placed.sort_by(|a, b| a["id"].as_str().cmp(&b["id"].as_str()));
+    let second = &placed[1];
+
+    let watcher = s.single_connection().await;
+    let holder = s.single_connection().await;
+    let held = holder.begin().await.expect("a transaction");
+    held.execute_raw(Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        "SELECT node_id FROM node_free_atoms WHERE node_id = $1 FOR UPDATE",
+        [node.to_string().into()],
+    ))
+    .await
+    .expect("the node's count row locked");
+
+    let (release_may_start, release_starts) = tokio::sync::oneshot::channel();
+    let taint = s.gql(
+        Some(s.admin_token()),
+        "mutation($id: ID!) { taintNode(input: {id: $id, version: 1, key: \"evict\", value: \"x\", effect: NO_EXECUTE}) { node { version } } }",
+        json!({ "id": node.to_string() }),
+    );
+    let release = async {
+        release_starts.await.expect("the go-ahead");
+        release(
+            &s,
+            &setup.token,
+            second["id"].as_str().expect("an id"),
+            second["version"].as_i64().expect("a version"),
+        )
+        .await
+    };
+    let interleave = async {
+        s.wait_for_lock_waiters(&watcher, "true", 1).await;
+        release_may_start.send(()).expect("the release waits");
+        s.wait_for_lock_waiters(&watcher, "true", 2).await;
+        held.commit().await.expect("letting the count go");
+    };
+    let (taint, release, ()) = tokio::join!(taint, release, interleave);
+    assert_eq!(taint.code(), None, "the taint: {}", taint.error());
+    assert_eq!(
+        release.code(),
+        Some("CONFLICT"),
+        "the release: {}",
+        release.error()
+    );
+    for reservation in &placed {
+        let id = reservation["id"].as_str().expect("an id");
+        let now = crate::placement::fetch(&s, &setup.token, id).await;
+        assert_eq!(now["state"], "PENDING", "{now:#}");
+    }
+    s.stop().await;
 }
 
 /// The server's warnings and errors (why something was `INTERNAL`) show with a failure.

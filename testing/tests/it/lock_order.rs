@@ -34,15 +34,9 @@ use better_compute::service::Services;
 use better_compute::service::liveness::{Candidate, SilentChange};
 use better_compute::service::sessions::{Hello, OpenedSession};
 use better_compute::service::test_support::EVENT_ORDER_LOCK;
-use sea_orm::{
-    ConnectOptions, ConnectionTrait, Database, DatabaseConnection, Statement, TransactionTrait,
-};
+use sea_orm::{ConnectionTrait, TransactionTrait};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
-use std::time::Duration;
-
-/// Bounds for waits that take milliseconds when all is well.
-const SETTLE: Duration = Duration::from_secs(60);
 
 /// What the session's side does while the revoke is under way.
 #[derive(Debug, Clone, Copy)]
@@ -113,8 +107,8 @@ async fn a_heartbeat_not_yet_committed_keeps_its_node_from_being_marked_unreacha
         .collect();
 
     // 1. A heartbeat batch writes the first node's `last_seen` past the cutoff, uncommitted.
-    let watcher = own_connection(&s).await;
-    let holder = own_connection(&s).await;
+    let watcher = s.single_connection().await;
+    let holder = s.single_connection().await;
     let heartbeat = holder.begin().await.expect("a transaction");
     heartbeat
         .execute_unprepared(&format!(
@@ -144,7 +138,7 @@ async fn a_heartbeat_not_yet_committed_keeps_its_node_from_being_marked_unreacha
             Ok::<_, ApiError>(candidates.into_iter().zip(changes).collect::<Vec<_>>())
         }
     });
-    wait_for_waiters(&watcher, "true", 1).await;
+    s.wait_for_lock_waiters(&watcher, "true", 1).await;
 
     // 3. The heartbeat commits: the mark sees it and leaves that node alone, and marks the
     //    other one.
@@ -215,8 +209,8 @@ async fn race(s: &TestServer, id: &str, step: SessionStep) {
         .await
         .unwrap_or_else(|e| panic!("opening the first session: {}", e.message()));
 
-    let watcher = own_connection(s).await;
-    let holder = own_connection(s).await;
+    let watcher = s.single_connection().await;
+    let holder = s.single_connection().await;
     let held = holder.begin().await.expect("a transaction");
     held.execute_unprepared(&format!("SELECT pg_advisory_xact_lock({EVENT_ORDER_LOCK})"))
         .await
@@ -230,7 +224,8 @@ async fn race(s: &TestServer, id: &str, step: SessionStep) {
         "mutation($input: RevokeNodeIdentityInput!) { revokeNodeIdentity(input: $input) { node { identityGeneration } } }",
         json!({ "input": { "id": id, "version": version, "reason": "lock order" } }),
     ));
-    wait_for_waiters(&watcher, "wait_event = 'advisory'", 1).await;
+    s.wait_for_lock_waiters(&watcher, "wait_event = 'advisory'", 1)
+        .await;
 
     // 2. The session's transaction starts and waits behind the revoke.
     let session = tokio::spawn({
@@ -248,7 +243,7 @@ async fn race(s: &TestServer, id: &str, step: SessionStep) {
             }
         }
     });
-    wait_for_waiters(&watcher, "true", 2).await;
+    s.wait_for_lock_waiters(&watcher, "true", 2).await;
 
     // 3. The event-order lock goes; both finish, in some order.
     held.commit().await.expect("releasing the event-order lock");
@@ -286,40 +281,6 @@ fn internal_detail(err: &ApiError) -> String {
         ApiError::Internal(source) => format!("{source:#}"),
         other => other.message(),
     }
-}
-
-/// Waits until `count` backends of the test database wait for a lock and match `filter`.
-async fn wait_for_waiters(watcher: &DatabaseConnection, filter: &str, count: i64) {
-    let deadline = tokio::time::Instant::now() + SETTLE;
-    loop {
-        let row = watcher
-            .query_one_raw(Statement::from_string(
-                watcher.get_database_backend(),
-                format!(
-                    "SELECT count(*) AS waiting FROM pg_stat_activity \
-                     WHERE datname = current_database() AND wait_event_type = 'Lock' AND {filter}"
-                ),
-            ))
-            .await
-            .expect("pg_stat_activity")
-            .expect("a row");
-        let waiting: i64 = row.try_get("", "waiting").expect("a count");
-        if waiting == count {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{waiting} backends wait ({filter}), not {count}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// A connection of the test's own (a pool of one).
-async fn own_connection(s: &TestServer) -> DatabaseConnection {
-    let mut options = ConnectOptions::new(s.database_url().to_owned());
-    options.max_connections(1).sqlx_logging(false);
-    Database::connect(options).await.expect("a connection")
 }
 
 async fn node_version(s: &TestServer, id: &str) -> i64 {

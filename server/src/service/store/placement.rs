@@ -417,6 +417,33 @@ pub async fn active_of_reservation(
         .collect()
 }
 
+/// The nodes on which any of `ids` holds an active allocation, in id order.
+pub async fn active_nodes_of_reservations(
+    conn: &impl ConnectionTrait,
+    ids: &[ReservationId],
+) -> anyhow::Result<Vec<NodeId>> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    allocation::Entity::find()
+        .select_only()
+        .column(allocation::Column::NodeId)
+        .distinct()
+        .filter(one_of(
+            Expr::col(allocation::Column::ReservationId),
+            ids,
+            conn.get_database_backend(),
+        ))
+        .filter(allocation::Column::ReleasedAt.is_null())
+        .order_by_asc(allocation::Column::NodeId)
+        .into_tuple::<String>()
+        .all(conn)
+        .await?
+        .iter()
+        .map(|id| NodeId::parse(id).map_err(|_| corrupt("allocations", "node_id", id)))
+        .collect()
+}
+
 /// Every allocation of a reservation, active first, then newest released first.
 pub async fn of_reservation(
     conn: &impl ConnectionTrait,
