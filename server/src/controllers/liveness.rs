@@ -351,7 +351,7 @@ impl LivenessController {
                     }
                 }
                 Err(err) => {
-                    for applied in batch_failed(&self.actor, batch.len(), &err) {
+                    for applied in batch_failed(&self.actor, batch.len(), &[CAUSE_TIMEOUT], &err) {
                         report.count(applied, to);
                     }
                 }

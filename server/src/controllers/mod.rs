@@ -113,14 +113,29 @@ where
                 judge(actor, &id, &cause, changed)
             })
             .collect(),
-        Err(err) => batch_failed(actor, asked, &err),
+        Err(err) => {
+            let causes: Vec<&str> = causes.iter().map(String::as_str).collect();
+            batch_failed(actor, asked, &causes, &err)
+        }
     }
 }
 
 /// What became of each of a batch's `asked` nodes when the batch failed as a whole: `Failed`,
-/// logged once.
-fn batch_failed(actor: &Actor, asked: usize, err: &ApiError) -> Vec<Applied> {
-    tracing::warn!(%actor, nodes = asked, code = err.code(), error = %err.message(), "a controller could not change a batch of nodes");
+/// logged once with the batch's causes and, for an internal error, what caused it (its
+/// message to API clients says only "internal error").
+fn batch_failed(actor: &Actor, asked: usize, causes: &[&str], err: &ApiError) -> Vec<Applied> {
+    let mut causes = causes.to_vec();
+    causes.sort_unstable();
+    causes.dedup();
+    let causes = causes.join(", ");
+    match err {
+        ApiError::Internal(source) => {
+            tracing::warn!(%actor, nodes = asked, causes, error = ?source, "a controller could not change a batch of nodes");
+        }
+        other => {
+            tracing::warn!(%actor, nodes = asked, causes, code = other.code(), message = %other.message(), "a controller could not change a batch of nodes");
+        }
+    }
     vec![Applied::Failed; asked]
 }
 
