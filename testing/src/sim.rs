@@ -384,11 +384,10 @@ impl Fleet {
             connected: c.connected.load(Ordering::Relaxed),
             failed: c.failed.load(Ordering::Relaxed),
             errors: c.errors.load(Ordering::Relaxed),
-            errors_by_kind: c
+            errors_by_kind: *c
                 .errors_by_kind
                 .lock()
-                .map(|by_kind| *by_kind)
-                .unwrap_or_default(),
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
             sessions: c.sessions.load(Ordering::Relaxed),
             heartbeats_sent: c.heartbeats_sent.load(Ordering::Relaxed),
             renewals: c.renewals.load(Ordering::Relaxed),

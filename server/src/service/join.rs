@@ -633,7 +633,19 @@ impl Services {
             .filter_map(|found| found.as_ref().ok()?.as_ref().map(|(id, _)| id.clone()))
             .collect();
         txn.lock_nodes(&taken).await?;
-        for ((at, (_, join)), found) in round.iter().enumerate().zip(found) {
+        // Taken back in node id order too: taking one back may close its session, and a
+        // transaction locks session rows in node id order (step 5).
+        let mut order: Vec<usize> = (0..round.len()).collect();
+        order.sort_by_key(|&at| {
+            found[at]
+                .as_ref()
+                .ok()
+                .and_then(|found| found.as_ref().map(|(id, _)| id.clone()))
+        });
+        let mut found: Vec<Option<_>> = found.into_iter().map(Some).collect();
+        for at in order {
+            let join = round[at].1;
+            let found = found[at].take().expect("each join is looked at once");
             let (site, pool) = &placements[&join.token.id];
             let outcome = match found {
                 Ok(Some((existing, matched_by))) => {

@@ -676,6 +676,98 @@ async fn a_subscribe_reusing_a_running_operations_id_closes_the_socket_with_4409
     .await;
 }
 
+/// The older `graphql-ws` protocol (`subscriptions-transport-ws`): a `start` that reuses the
+/// id of a running subscription replaces it, as that protocol allows, without closing the
+/// socket. A client subscribes to cordons as `s`, then to uncordons as `s`; a node is then
+/// cordoned and uncordoned, and `s` brings the uncordon only. (A socket refusing the reuse,
+/// as it must under `graphql-transport-ws`, closes with 4409 and fails this.)
+#[tokio::test]
+async fn a_legacy_start_reusing_a_running_subscriptions_id_replaces_it() {
+    const CORDONS: &str = "subscription { events(filter: {types: [NODE_CORDONED]}) { id type } }";
+    const UNCORDONS: &str =
+        "subscription { events(filter: {types: [NODE_UNCORDONED]}) { id type } }";
+    each_backend_with(
+        |_| {},
+        async |s| {
+            let (site, pool) = s.site_and_pool(8).await;
+            let node = s.enroll(&site, &pool, "legacy-ws").await["id"]
+                .as_str()
+                .unwrap()
+                .to_owned();
+            let mut request =
+                tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(
+                    format!("ws://{}/graphql", api_address(s)),
+                )
+                .unwrap();
+            request
+                .headers_mut()
+                .insert("Sec-WebSocket-Protocol", "graphql-ws".parse().unwrap());
+            let (mut ws, _) = tokio_tungstenite::connect_async(request).await.unwrap();
+            let token = s.token(Role::Admin);
+            let send = |message: Value| Message::Text(message.to_string().into());
+            futures::SinkExt::send(
+                &mut ws,
+                send(json!({ "type": "connection_init", "payload": { "Authorization": format!("Bearer {token}") } })),
+            )
+            .await
+            .unwrap();
+            for (query, id) in [(CORDONS, "s"), (UNCORDONS, "s"), ("{ viewer { subject } }", "q")] {
+                futures::SinkExt::send(
+                    &mut ws,
+                    send(json!({ "type": "start", "id": id, "payload": { "query": query } })),
+                )
+                .await
+                .unwrap();
+            }
+            // The query's answer comes after both starts were taken (a socket's messages are
+            // handled in order); the mutations follow it.
+            let mut seen: Vec<Value> = Vec::new();
+            let mut mutated = false;
+            let deadline = Instant::now() + WAIT;
+            let uncordoned = loop {
+                let frame = tokio::time::timeout_at(deadline, ws.next())
+                    .await
+                    .expect("the uncordon arrives under `s`")
+                    .expect("the socket stays open")
+                    .unwrap();
+                let message: Value = match frame {
+                    Message::Text(text) => serde_json::from_str(&text).unwrap(),
+                    Message::Close(frame) => panic!("the socket was closed: {frame:?}"),
+                    _ => continue,
+                };
+                match (message["type"].as_str(), message["id"].as_str()) {
+                    (Some("data"), Some("q")) if !mutated => {
+                        mutated = true;
+                        s.admin(
+                            "mutation($id: ID!) { cordonNode(input: {id: $id, version: 1, reason: \"r\"}) { node { version } } }",
+                            json!({ "id": node }),
+                        )
+                        .await;
+                        s.admin(
+                            "mutation($id: ID!) { uncordonNode(input: {id: $id, version: 2}) { node { version } } }",
+                            json!({ "id": node }),
+                        )
+                        .await;
+                    }
+                    (Some("data"), Some("s")) => {
+                        let event = message["payload"]["data"]["events"].clone();
+                        if event["type"] == "node.uncordoned" {
+                            break event;
+                        }
+                        seen.push(event);
+                    }
+                    (Some("error"), _) => panic!("an error: {message}"),
+                    _ => {}
+                }
+            };
+            assert!(mutated, "the query was answered");
+            assert_eq!(seen, Vec::<Value>::new(), "the replaced subscription sent events");
+            assert_eq!(uncordoned["type"], "node.uncordoned");
+        },
+    )
+    .await;
+}
+
 // ---------------------------------------------------------------------------------------
 // 4. Bodies
 

@@ -748,9 +748,14 @@ impl FakeDaemon {
 
     fn record_error(&self, err: &DaemonError) {
         self.shared.counters.errors.fetch_add(1, Ordering::Relaxed);
-        if let Ok(mut by_kind) = self.shared.counters.errors_by_kind.lock() {
-            by_kind.count(err.kind());
-        }
+        // A panic elsewhere while counting leaves the counts whole (a count is one add), so
+        // a poisoned lock is taken as it is rather than losing every later error.
+        self.shared
+            .counters
+            .errors_by_kind
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .count(err.kind());
         let message = err.to_string();
         self.update(|s| {
             s.errors += 1;

@@ -21,6 +21,10 @@
 //! one of those rows, so the mark waits for it, then leaves that node alone and marks the
 //! rest of its batch.
 //!
+//! A hello batch writes its session rows in node id order, whatever order its hellos came
+//! in, so a heartbeat batch (step 5 alone, in node id order) on the same nodes waits for it
+//! or it for the heartbeats, never both.
+//!
 //! SQLite has one writer at a time and no row locks: nothing to interleave there.
 
 use bc_core::Actor;
@@ -177,6 +181,102 @@ async fn a_heartbeat_not_yet_committed_keeps_its_node_from_being_marked_unreacha
             (connectivity, version),
             "{id}"
         );
+    }
+    watcher.close().await.expect("closing");
+    holder.close().await.expect("closing");
+    s.stop().await;
+}
+
+/// A hello batch and a heartbeat batch on the same two nodes (a replica still flushing the
+/// beats of sessions whose daemons have said hello to another): the heartbeats lock the
+/// session rows in node id order, and the hellos, which arrived in the other order, must
+/// write them in node id order too. The test holds the first node's session row so that:
+///
+/// - the heartbeat batch waits for it, holding nothing;
+/// - the hello batch locks the nodes, then waits for the first session row as well;
+/// - the test lets the row go, and both batches commit.
+///
+/// A hello batch that wrote the session rows in its hellos' order took the second node's
+/// row before waiting for the first; the heartbeats, given the first, then waited for the
+/// second: `deadlock detected`, one batch `INTERNAL`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hello_batch_and_a_heartbeat_batch_on_the_same_nodes_do_not_deadlock() {
+    if !Backend::selected().contains(&Backend::Postgres) {
+        return;
+    }
+    let s = TestServer::start(Backend::Postgres)
+        .await
+        .expect("a PostgreSQL test server");
+    s.server.stop_controllers().await;
+    let services = s.server.services.clone();
+    let (site, pool) = s.site_and_pool(8).await;
+    let mut identities = Vec::new();
+    for name in ["hello-a", "hello-b"] {
+        let node = s.enroll(&site, &pool, name).await;
+        let identity = NodeIdentity {
+            node_id: NodeId::parse(node["id"].as_str().expect("a node id")).expect("a node id"),
+            identity_generation: 1,
+        };
+        let opened = open_session(&services, &identity, "gw-leaving")
+            .await
+            .unwrap_or_else(|e| panic!("opening a session: {}", e.message()));
+        identities.push((identity, opened.epoch));
+    }
+    identities.sort_by(|a, b| a.0.node_id.cmp(&b.0.node_id));
+    let first = identities[0].0.node_id.clone();
+
+    let watcher = s.single_connection().await;
+    let holder = s.single_connection().await;
+    let held = holder.begin().await.expect("a transaction");
+    held.execute_unprepared(&format!(
+        "SELECT 1 FROM node_sessions WHERE node_id = '{first}' FOR UPDATE"
+    ))
+    .await
+    .expect("the first node's session row locked");
+
+    // 1. The leaving replica's heartbeats, in node id order, wait for the first row.
+    let beats: Vec<(NodeId, i64, chrono::DateTime<chrono::Utc>)> = identities
+        .iter()
+        .map(|(identity, epoch)| (identity.node_id.clone(), *epoch, services.clock.now()))
+        .collect();
+    let heartbeats = tokio::spawn({
+        let services = services.clone();
+        async move { services.record_heartbeats(&beats).await }
+    });
+    s.wait_for_lock_waiters(&watcher, "true", 1).await;
+
+    // 2. The hellos, in the other order, on another replica.
+    let hellos: Vec<Hello> = identities
+        .iter()
+        .rev()
+        .map(|(identity, _)| Hello {
+            identity: identity.clone(),
+            inventory_hashes: BTreeMap::new(),
+            observed_generation: 0,
+        })
+        .collect();
+    let hello = tokio::spawn({
+        let services = services.clone();
+        async move { services.open_sessions("gw-joining", &hellos).await }
+    });
+    s.wait_for_lock_waiters(&watcher, "true", 2).await;
+
+    // 3. The row goes; both batches commit.
+    held.commit().await.expect("letting the row go");
+    let beaten = heartbeats.await.expect("the heartbeats");
+    assert!(
+        beaten.is_ok(),
+        "the heartbeats: {}",
+        beaten
+            .err()
+            .map(|e| internal_detail(&e))
+            .unwrap_or_default()
+    );
+    let opened = hello.await.expect("the hellos");
+    let opened = opened.unwrap_or_else(|e| panic!("the hellos: {}", internal_detail(&e)));
+    for answer in opened {
+        let answer = answer.unwrap_or_else(|e| panic!("a hello: {}", e.message()));
+        assert_eq!(answer.epoch, 2, "each node's second session");
     }
     watcher.close().await.expect("closing");
     holder.close().await.expect("closing");

@@ -51,14 +51,21 @@ pub async fn next_epochs(
 }
 
 /// Opens sessions, each `(node, epoch)` from [`next_epochs`], held by `gateway_id` and
-/// connected now: a statement per run of at most [`OPEN_CHUNK`] nodes.
+/// connected now: a statement per run of at most [`OPEN_CHUNK`] nodes, in node id order.
+///
+/// An upsert locks the existing rows in the order of its `VALUES`, so the order is the lock
+/// order's (step 5): a heartbeat batch, which locks the session rows it updates in node id
+/// order, holding one of this batch's rows and waiting for another it had taken first would
+/// otherwise close a cycle (a hello batch's order is the order its hellos arrived in).
 pub async fn open_many(
     conn: &impl ConnectionTrait,
     opens: &[(NodeId, i64)],
     gateway_id: &str,
     now: DateTime<Utc>,
 ) -> anyhow::Result<()> {
-    for run in runs(opens.to_vec(), OPEN_CHUNK) {
+    let mut opens = opens.to_vec();
+    opens.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    for run in runs(opens, OPEN_CHUNK) {
         let rows = run
             .iter()
             .map(|(node_id, epoch)| node_session::ActiveModel {
