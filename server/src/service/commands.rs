@@ -117,7 +117,9 @@ impl Services {
     }
 
     /// [`Services::queue_command_as`] for many nodes in one transaction, all or nothing: a
-    /// controller that queues a check for each of a thousand nodes commits once.
+    /// controller that queues a check for each of a thousand nodes commits once. The commands
+    /// come back in node id order, the order they are inserted in: each insert takes a
+    /// `KEY SHARE` lock on its node's row (lock order, step 2, in node id order).
     pub async fn queue_commands_as(
         &self,
         actor: &Actor,
@@ -133,7 +135,7 @@ impl Services {
             return Ok(Vec::new());
         }
         let now = self.clock.now();
-        let queued = requests
+        let mut queued = requests
             .into_iter()
             .map(|(node, new)| {
                 Command::new(
@@ -145,6 +147,7 @@ impl Services {
                 )
             })
             .collect::<Result<Vec<_>, _>>()?;
+        queued.sort_by(|a, b| a.node_id.cmp(&b.node_id));
         let txn = self.store.write().await?;
         commands::insert(&*txn, &queued).await?;
         for command in &queued {
