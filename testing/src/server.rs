@@ -159,11 +159,12 @@ impl Gql {
     }
 }
 
-/// The JWT secret test servers sign with.
-/// How long [`TestServer::wait_for_lock_waiters`] waits for waits that take milliseconds
-/// when all is well, and how often it looks.
-pub const LOCK_WAIT_SETTLE: std::time::Duration = std::time::Duration::from_secs(60);
+/// How long [`TestServer::wait_for_lock_waiters`] waits for lock waits that take
+/// milliseconds when all is well.
+const LOCK_WAIT_SETTLE: std::time::Duration = std::time::Duration::from_secs(60);
+/// How often [`TestServer::wait_for_lock_waiters`] looks.
 const LOCK_WAIT_POLL: std::time::Duration = std::time::Duration::from_millis(20);
+/// The JWT secret test servers sign with.
 const TEST_SECRET: &str = "better-compute-test-secret-0123456789abcdef";
 /// The harness's admin token lives ten years of the test clock: tests move it days ahead.
 const ADMIN_TOKEN_TTL: Duration = Duration::days(3650);

@@ -109,10 +109,10 @@ pub const CAUSE_TIMEOUT: &str = "liveness:heartbeat-timeout";
 /// Cause of `unreachable → lost`.
 pub const CAUSE_LOST: &str = "liveness:lost";
 /// Nodes made `lost` per transaction: one. A node that becomes `lost` loses its work in the
-/// same transaction, and an eviction locks each reservation on the node and then the free-atom
-/// counts of all of that reservation's nodes (ARCHITECTURE.md, lock order, steps 3 and 4);
-/// a second node's evictions in the same transaction would go back to step 3 and could wait,
-/// in a cycle, for a release that waits for counts the first eviction took. And nodes become
+/// same transaction, and an eviction locks every reservation on the node and then the
+/// free-atom counts of all their nodes (ARCHITECTURE.md, lock order, steps 3 and 4); a second
+/// node's evictions in the same transaction would go back to step 3 and could wait, in a
+/// cycle, for a release that waits for counts the first eviction took. And nodes become
 /// `lost` far less often than `unreachable`: ten minutes after they went silent, if they
 /// stayed so.
 const LOST_PER_TRANSACTION: usize = 1;

@@ -636,7 +636,7 @@ impl Services {
         // Taken back in node id order too: taking one back may close its session, and a
         // transaction locks session rows in node id order (step 5).
         let mut order: Vec<usize> = (0..round.len()).collect();
-        order.sort_by_key(|&at| {
+        order.sort_by_cached_key(|&at| {
             found[at]
                 .as_ref()
                 .ok()

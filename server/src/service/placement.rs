@@ -10,7 +10,8 @@
 //! node fail the locked re-check; one that comes later waits for the placer's commit.
 //!
 //! **Lock order** (ARCHITECTURE.md, Invariants): node rows before reservation rows, as every
-//! node change does (an eviction locks the node, then the reservations on it). The placer
+//! node change does (an eviction locks the node, then every reservation on it, then the
+//! free-atom counts of their nodes). The placer
 //! takes the reservation first and node rows after, but only with `SKIP LOCKED`, so it never
 //! waits for a node row and cannot close a cycle.
 //!

@@ -542,24 +542,11 @@ const SQLITE_SETTLE: Duration = Duration::from_millis(500);
 /// Returns once the server waits for the row `holder` has locked: on PostgreSQL when a
 /// backend of the test database waits for a lock, on SQLite after [`SQLITE_SETTLE`].
 async fn until_the_server_waits(s: &TestServer, watcher: &sea_orm::DatabaseConnection) {
-    use sea_orm::ConnectionTrait;
     if s.backend != bc_testing::Backend::Postgres {
         tokio::time::sleep(SQLITE_SETTLE).await;
         return;
     }
-    wait_until(async || {
-        let row = watcher
-            .query_one_raw(sea_orm::Statement::from_string(
-                sea_orm::DbBackend::Postgres,
-                "SELECT count(*) AS waiting FROM pg_stat_activity \
-                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
-            ))
-            .await
-            .unwrap()
-            .unwrap();
-        row.try_get::<i64>("", "waiting").unwrap() > 0
-    })
-    .await;
+    s.wait_for_lock_waiters(watcher, "true", 1).await;
 }
 
 /// A change to a command that loses a race with another writer is judged on the status the

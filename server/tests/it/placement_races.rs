@@ -168,7 +168,8 @@ async fn an_eviction_racing_a_release_of_one_of_its_reservations_does_not_deadlo
     let s = TestServer::start(Backend::Postgres)
         .await
         .expect("a PostgreSQL test server");
-    // No placement retry or drain pass waits for a lock meanwhile.
+    // No drain pass runs meanwhile. (The placement retry loop still runs, and finds nothing
+    // pending: both reservations are placed, and the evicted ones wait for a pool's change.)
     s.server.stop_controllers().await;
     let setup = setup(&s).await;
     let node = schedulable_nodes(&s, &setup, 1, GPUS).await.remove(0);
@@ -215,7 +216,8 @@ async fn an_eviction_racing_a_release_of_one_of_its_reservations_does_not_deadlo
         .await
     };
     let interleave = async {
-        s.wait_for_lock_waiters(&watcher, "true", 1).await;
+        s.wait_for_lock_waiters(&watcher, "query LIKE '%node_free_atoms%'", 1)
+            .await;
         release_may_start.send(()).expect("the release waits");
         s.wait_for_lock_waiters(&watcher, "true", 2).await;
         held.commit().await.expect("letting the count go");

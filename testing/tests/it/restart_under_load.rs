@@ -21,7 +21,7 @@ use bc_testing::daemon::CaTrust;
 use bc_testing::sim::{Fleet, KnobOverride, SimOptions};
 use bc_testing::{Backend, DaemonKnobs, Progress, TestServer};
 use better_compute::config::Config;
-use sea_orm::{ConnectOptions, ConnectionTrait, Database, DatabaseConnection, Statement};
+use sea_orm::{ConnectionTrait, Statement};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
@@ -292,7 +292,7 @@ async fn activity(server: &TestServer) -> String {
     if server.backend != Backend::Postgres {
         return String::new();
     }
-    let db = own_connection(server).await;
+    let db = server.single_connection().await;
     let rows = db
         .query_all_raw(Statement::from_string(
             db.get_database_backend(),
@@ -345,13 +345,6 @@ fn gateway_addr(server: &TestServer) -> SocketAddr {
 
 // ---------------------------------------------------------------------------------------
 // What PostgreSQL and the server count
-
-/// One connection of the test's own (a pool of one, so `pg_backend_pid` is stable).
-async fn own_connection(server: &TestServer) -> DatabaseConnection {
-    let mut options = ConnectOptions::new(server.database_url().to_owned());
-    options.max_connections(1).sqlx_logging(false);
-    Database::connect(options).await.expect("a connection")
-}
 
 /// `bc_internal_errors_total`, summed over causes. The recorder is the process's, shared by
 /// every server of this test (and only this test runs in this binary).
