@@ -44,9 +44,15 @@ pub async fn hashes_of(
 }
 
 /// The most rows one statement of [`put_sections`] or [`replace_devices`] writes (a power of
-/// two: [`runs`]): a device row, the widest, binds 11 parameters, and SQLite binds at most
-/// 32,766 to a statement.
-const ROWS_PER_INSERT: usize = 1_024;
+/// two: [`runs`]). Kept small because a database connection keeps what its largest statement
+/// needed for as long as it lives: sqlx's PostgreSQL connection keeps its write buffer at the
+/// size of the largest message it sent, and each connection's statement cache keeps every
+/// statement shape it prepared, with its parameters' types (SQLite: its compiled program).
+/// With 1,024 rows a statement, a run of inventory sections (about 2 KB of JSON each) was a
+/// 1.9 MB message, and at 10,000 nodes on PostgreSQL the pool's 14 connections held 26.9 MB
+/// of write buffers and 39.9 MB of prepared statements' metadata (`heaptrack`, BENCHMARKS.md).
+/// 128 rows still make a few statements of a bring-up's batch, not one per node.
+const ROWS_PER_INSERT: usize = 128;
 
 /// One inventory section as stored: the node, the section's name, its hash and content.
 pub struct SectionRow {
