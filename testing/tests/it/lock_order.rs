@@ -84,19 +84,8 @@ async fn a_heartbeat_not_yet_committed_keeps_its_node_from_being_marked_unreacha
     let (site, pool) = s.site_and_pool(8).await;
     // Two connected nodes: one whose heartbeat is under way when Liveness marks them, and
     // one whose daemon stays silent.
-    let mut identities = Vec::new();
-    for name in ["heard-late", "silent"] {
-        let node = s.enroll(&site, &pool, name).await;
-        let identity = NodeIdentity {
-            node_id: NodeId::parse(node["id"].as_str().expect("a node id")).expect("a node id"),
-            identity_generation: 1,
-        };
-        open_session(&services, &identity, "gw-first")
-            .await
-            .unwrap_or_else(|e| panic!("opening a session: {}", e.message()));
-        identities.push(identity);
-    }
-    let (heard_late, silent_node) = (&identities[0].node_id, &identities[1].node_id);
+    let identities = connected_nodes(&s, &site, &pool, &["heard-late", "silent"], "gw-first").await;
+    let (heard_late, silent_node) = (&identities[0].0.node_id, &identities[1].0.node_id);
 
     // Silent as of a cutoff a second ahead; the candidate query reads the nodes' versions.
     let cutoff = services.clock.now() + chrono::Duration::seconds(1);
@@ -210,18 +199,8 @@ async fn a_hello_batch_and_a_heartbeat_batch_on_the_same_nodes_do_not_deadlock()
     s.server.stop_controllers().await;
     let services = s.server.services.clone();
     let (site, pool) = s.site_and_pool(8).await;
-    let mut identities = Vec::new();
-    for name in ["hello-a", "hello-b"] {
-        let node = s.enroll(&site, &pool, name).await;
-        let identity = NodeIdentity {
-            node_id: NodeId::parse(node["id"].as_str().expect("a node id")).expect("a node id"),
-            identity_generation: 1,
-        };
-        let opened = open_session(&services, &identity, "gw-leaving")
-            .await
-            .unwrap_or_else(|e| panic!("opening a session: {}", e.message()));
-        identities.push((identity, opened.epoch));
-    }
+    let mut identities =
+        connected_nodes(&s, &site, &pool, &["hello-a", "hello-b"], "gw-leaving").await;
     identities.sort_by(|a, b| a.0.node_id.cmp(&b.0.node_id));
     let first = identities[0].0.node_id.clone();
 
@@ -281,6 +260,31 @@ async fn a_hello_batch_and_a_heartbeat_batch_on_the_same_nodes_do_not_deadlock()
     watcher.close().await.expect("closing");
     holder.close().await.expect("closing");
     s.stop().await;
+}
+
+/// Enrols a node for each of `names` and opens its session through `gateway_id`, as its
+/// daemon's first `hello` would: each node's identity and its session's epoch, in `names`'
+/// order.
+async fn connected_nodes(
+    s: &TestServer,
+    site: &str,
+    pool: &str,
+    names: &[&str],
+    gateway_id: &str,
+) -> Vec<(NodeIdentity, i64)> {
+    let mut nodes = Vec::new();
+    for name in names {
+        let node = s.enroll(site, pool, name).await;
+        let identity = NodeIdentity {
+            node_id: NodeId::parse(node["id"].as_str().expect("a node id")).expect("a node id"),
+            identity_generation: 1,
+        };
+        let opened = open_session(&s.server.services, &identity, gateway_id)
+            .await
+            .unwrap_or_else(|e| panic!("opening a session: {}", e.message()));
+        nodes.push((identity, opened.epoch));
+    }
+    nodes
 }
 
 /// What the gateway does with one daemon's `hello` (no inventory, nothing converged).
