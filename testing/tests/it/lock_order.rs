@@ -25,11 +25,20 @@
 //! in, so a heartbeat batch (step 5 alone, in node id order) on the same nodes waits for it
 //! or it for the heartbeats, never both.
 //!
+//! An enrolment of a machine (`enrollNode` with the identifiers its BMC reports) races the
+//! join of that machine's daemon: both lock the machine's hardware key first (step 1), so the
+//! later one finds the earlier one's node. Without the enrolment's lock both found no node
+//! holding the key and inserted one, and the later commit failed on the unique index of
+//! trusted keys (an `INTERNAL`).
+//!
 //! SQLite has one writer at a time and no row locks: nothing to interleave there.
 
 use bc_core::Actor;
 use bc_core::axes::Connectivity;
 use bc_core::ids::NodeId;
+use bc_core::protocol::JoinRequest;
+use bc_testing::daemon::key_and_csr;
+use bc_testing::inventory::Machine;
 use bc_testing::{Backend, TestServer};
 use better_compute::controllers::liveness::{CAUSE_TIMEOUT, transition_request};
 use better_compute::error::{ApiError, ApiResult};
@@ -42,6 +51,13 @@ use sea_orm::{ConnectionTrait, TransactionTrait};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 
+/// Which of an enrolment and its machine's join starts first.
+#[derive(Debug, Clone, Copy)]
+enum StartsFirst {
+    Enrolment,
+    Join,
+}
+
 /// What the session's side does while the revoke is under way.
 #[derive(Debug, Clone, Copy)]
 enum SessionStep {
@@ -53,12 +69,9 @@ enum SessionStep {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revoke_racing_a_session_start_or_end_on_the_node_does_not_deadlock() {
-    if !Backend::selected().contains(&Backend::Postgres) {
+    let Some(s) = postgres_server().await else {
         return;
-    }
-    let s = TestServer::start(Backend::Postgres)
-        .await
-        .expect("a PostgreSQL test server");
+    };
     let (site, pool) = s.site_and_pool(8).await;
     for (n, step) in [SessionStep::Opens, SessionStep::Closes]
         .into_iter()
@@ -72,13 +85,124 @@ async fn a_revoke_racing_a_session_start_or_end_on_the_node_does_not_deadlock() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_heartbeat_not_yet_committed_keeps_its_node_from_being_marked_unreachable() {
-    if !Backend::selected().contains(&Backend::Postgres) {
+async fn an_enrolment_racing_its_machines_join_leaves_one_node() {
+    let Some(s) = postgres_server().await else {
         return;
+    };
+    // Nothing else waits for a lock while the two are counted.
+    s.server.stop_controllers().await;
+    let (site, pool) = s.site_and_pool(8).await;
+    let secret = s.join_token(&site, Some(&pool), 10).await;
+    for (seed, first) in [(1, StartsFirst::Enrolment), (2, StartsFirst::Join)] {
+        let machine = Machine::new(seed, None, None);
+        let enrolled_as = format!("bm-enrolled-{seed}");
+        let watcher = s.single_connection().await;
+        let holder = s.single_connection().await;
+        let held = holder.begin().await.expect("a transaction");
+        held.execute_unprepared(&format!("SELECT pg_advisory_xact_lock({EVENT_ORDER_LOCK})"))
+            .await
+            .expect("the event-order lock");
+
+        // The enrolment names every identifier the daemon reports, so both compute one key.
+        let enrolment = || {
+            let identifiers: Vec<Value> = machine
+                .identifiers
+                .iter()
+                .map(|(name, value)| json!({ "name": name, "value": value }))
+                .collect();
+            tokio::spawn(gql(
+                s.url(),
+                s.admin_token().to_owned(),
+                "mutation($input: EnrollNodeInput!) { enrollNode(input: $input) { node { id } } }",
+                json!({ "input": { "siteId": site, "poolId": pool, "hostname": enrolled_as, "identifiers": identifiers } }),
+            ))
+        };
+        let join = || {
+            let services = s.server.services.clone();
+            let (_, csr_pem) = key_and_csr(&machine.hostname).expect("a CSR");
+            let request = JoinRequest {
+                token: secret.clone(),
+                csr_pem,
+                hostname: machine.hostname.clone(),
+                identifiers: machine.identifiers.clone(),
+            };
+            tokio::spawn(async move { services.join(&request).await })
+        };
+        // 1. The first looks for the machine's node, finds none, writes its own and waits for
+        //    the event-order lock at its commit. 2. The second waits for the first.
+        let (enrolled, joined) = match first {
+            StartsFirst::Enrolment => {
+                let enrolled = enrolment();
+                s.wait_for_lock_waiters(&watcher, "wait_event = 'advisory'", 1)
+                    .await;
+                let joined = join();
+                s.wait_for_lock_waiters(&watcher, "true", 2).await;
+                (enrolled, joined)
+            }
+            StartsFirst::Join => {
+                let joined = join();
+                s.wait_for_lock_waiters(&watcher, "wait_event = 'advisory'", 1)
+                    .await;
+                let enrolled = enrolment();
+                s.wait_for_lock_waiters(&watcher, "true", 2).await;
+                (enrolled, joined)
+            }
+        };
+        // 3. The event-order lock goes: the first commits, and the second finds its node.
+        held.commit().await.expect("releasing the event-order lock");
+        let enrolled = enrolled.await.expect("the enrolment");
+        let joined = joined.await.expect("the join").unwrap_or_else(|e| {
+            panic!(
+                "{first:?} first: the join failed with {}: {}",
+                e.code(),
+                internal_detail(&e)
+            )
+        });
+        match first {
+            StartsFirst::Enrolment => {
+                assert!(
+                    enrolled.get("errors").is_none_or(Value::is_null),
+                    "the enrolment failed: {enrolled}"
+                );
+                // The daemon took the enrolled node back, with the next identity generation.
+                assert_eq!(
+                    enrolled["data"]["enrollNode"]["node"]["id"],
+                    joined.node_id.as_str()
+                );
+                assert_eq!(joined.identity_generation, 2);
+            }
+            StartsFirst::Join => {
+                let error = &enrolled["errors"][0];
+                assert_eq!(error["extensions"]["code"], "BAD_USER_INPUT", "{enrolled}");
+                let message = error["message"].as_str().unwrap_or_default();
+                assert!(message.contains(&joined.node_id), "{enrolled}");
+            }
+        }
+        let nodes_of_the_machine = watcher
+            .query_one_raw(sea_orm::Statement::from_string(
+                watcher.get_database_backend(),
+                format!(
+                    "SELECT count(*) AS nodes FROM nodes WHERE deleted_at IS NULL AND hostname IN ('{enrolled_as}', '{}')",
+                    machine.hostname
+                ),
+            ))
+            .await
+            .expect("counting the machine's nodes")
+            .expect("a row")
+            .try_get::<i64>("", "nodes")
+            .expect("a count");
+        assert_eq!(nodes_of_the_machine, 1, "{first:?} first");
+        watcher.close().await.expect("closing");
+        holder.close().await.expect("closing");
     }
-    let s = TestServer::start(Backend::Postgres)
-        .await
-        .expect("a PostgreSQL test server");
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_not_yet_committed_keeps_its_node_from_being_marked_unreachable() {
+    let Some(s) = postgres_server().await else {
+        return;
+    };
     s.server.stop_controllers().await;
     let services = s.server.services.clone();
     let (site, pool) = s.site_and_pool(8).await;
@@ -190,12 +314,9 @@ async fn a_heartbeat_not_yet_committed_keeps_its_node_from_being_marked_unreacha
 /// second: `deadlock detected`, one batch `INTERNAL`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hello_batch_and_a_heartbeat_batch_on_the_same_nodes_do_not_deadlock() {
-    if !Backend::selected().contains(&Backend::Postgres) {
+    let Some(s) = postgres_server().await else {
         return;
-    }
-    let s = TestServer::start(Backend::Postgres)
-        .await
-        .expect("a PostgreSQL test server");
+    };
     s.server.stop_controllers().await;
     let services = s.server.services.clone();
     let (site, pool) = s.site_and_pool(8).await;
@@ -260,6 +381,19 @@ async fn a_hello_batch_and_a_heartbeat_batch_on_the_same_nodes_do_not_deadlock()
     watcher.close().await.expect("closing");
     holder.close().await.expect("closing");
     s.stop().await;
+}
+
+/// A test server on PostgreSQL, or none when the run leaves PostgreSQL out (these races need
+/// its row and advisory locks).
+async fn postgres_server() -> Option<TestServer> {
+    if !Backend::selected().contains(&Backend::Postgres) {
+        return None;
+    }
+    Some(
+        TestServer::start(Backend::Postgres)
+            .await
+            .expect("a PostgreSQL test server"),
+    )
 }
 
 /// Enrols a node for each of `names` and opens its session through `gateway_id`, as its

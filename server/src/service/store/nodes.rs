@@ -53,11 +53,12 @@ pub async fn load_many(
 /// locks are apart from the event-order lock's one-key form (an arbitrary constant).
 const HARDWARE_KEY_LOCK_CLASS: i32 = 0x6268_6b79;
 
-/// Locks machines' hardware keys until the transaction ends (PostgreSQL), so that joins of
-/// one machine go one at a time: two at once (a daemon retrying a slow join) would both find
-/// no node holding the key, both insert one, and the second would fail on the unique index
-/// of trusted keys; with the lock, the second finds the first's node and takes it back.
-/// SQLite's write transaction holds the whole database already.
+/// Locks machines' hardware keys until the transaction ends (PostgreSQL), so that joins and
+/// enrolments of one machine go one at a time: two at once (a daemon retrying a slow join, or
+/// an operator enrolling the machine while its daemon joins) would both find no node holding
+/// the key, both insert one, and the second would fail on the unique index of trusted keys;
+/// with the lock, a join finds the first's node and takes it back, and an enrolment finds it
+/// and is refused. SQLite's write transaction holds the whole database already.
 ///
 /// A batch of joins locks all its machines in one statement, in the order of the keys'
 /// hashes, so that two transactions locking overlapping sets never wait on each other in a
