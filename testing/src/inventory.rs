@@ -123,6 +123,25 @@ impl Machine {
         sections
     }
 
+    /// The identifiers a BMC knows of the machine, which an enrolment gives: the system UUID,
+    /// the serials and the host's management NIC (the BMC does not see the compute fabric).
+    /// A subset of what the daemon reports, so their hardware keys differ.
+    pub fn bmc_identifiers(&self) -> Vec<(String, String)> {
+        let management = mac_identifier(MANAGEMENT_INTERFACE);
+        [
+            SYSTEM_UUID,
+            BOARD_SERIAL,
+            CHASSIS_SERIAL,
+            management.as_str(),
+        ]
+        .iter()
+        .filter_map(|name| {
+            self.identifier(name)
+                .map(|value| ((*name).to_owned(), value.to_owned()))
+        })
+        .collect()
+    }
+
     fn identifier(&self, name: &str) -> Option<&str> {
         self.identifiers.get(name).map(String::as_str)
     }

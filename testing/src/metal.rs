@@ -26,7 +26,7 @@
 
 use crate::bmc::TestCertificates;
 use crate::daemon::{DaemonKnobs, FakeDaemon, FleetCounters, GatewayContext};
-use crate::inventory::{self, BOARD_SERIAL, CHASSIS_SERIAL, SYSTEM_UUID};
+use crate::inventory::{self, SYSTEM_UUID};
 use anyhow::{Context, anyhow};
 use axum::extract::{Path as UrlPath, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -856,26 +856,10 @@ impl MetalOptions {
     }
 }
 
-/// The identifiers a BMC knows of its machine, which the enrolment gives: the system UUID,
-/// the serials and the host's management NIC (the BMC does not see the compute fabric).
+/// The identifiers a BMC knows of its machine ([`inventory::Machine::bmc_identifiers`]).
 fn bmc_identifiers(spec: &MachineSpec) -> Vec<(String, String)> {
     let seed = spec.knobs.seed.unwrap_or_default();
-    let machine = inventory::Machine::new(seed, Some(spec.hostname.clone()), None);
-    let management = inventory::mac_identifier("eno1");
-    [
-        SYSTEM_UUID,
-        BOARD_SERIAL,
-        CHASSIS_SERIAL,
-        management.as_str(),
-    ]
-    .iter()
-    .filter_map(|name| {
-        machine
-            .identifiers
-            .get(*name)
-            .map(|v| ((*name).to_owned(), v.clone()))
-    })
-    .collect()
+    inventory::Machine::new(seed, Some(spec.hostname.clone()), None).bmc_identifiers()
 }
 
 /// How far a simulated bare-metal fleet is: its machines' nodes by provision state.

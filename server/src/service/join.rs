@@ -513,7 +513,9 @@ impl Services {
         let txn = self.store.write().await?;
         // The time of the writes, once the writer is ours (it may have been a while).
         let now = self.clock.now();
-        // One join of a machine at a time, from its lookup to its commit (lock order, step 1).
+        // One join or enrolment of a machine at a time, from its lookup to its commit (lock
+        // order, step 1); and no enrolment under way while the machines with a trusted key
+        // look for the nodes they were enrolled as.
         let keys: Vec<&str> = joins
             .iter()
             .filter_map(|join| join.trusted_key())
@@ -521,6 +523,9 @@ impl Services {
             .into_iter()
             .collect();
         nodes::lock_hardware_keys(&*txn, &keys).await?;
+        if !keys.is_empty() {
+            nodes::lock_against_enrolments(&*txn, nodes::EnrolmentSide::Joining).await?;
+        }
         let mut placements: HashMap<&JoinTokenId, (Site, Option<Pool>)> = HashMap::new();
         for join in joins {
             if !placements.contains_key(&join.token.id) {

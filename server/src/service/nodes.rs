@@ -373,11 +373,15 @@ impl Services {
         }
         if let Some(key) = hw.key.as_deref().filter(|_| hw.trusted) {
             // The machine's key, locked as a join of the machine locks it (lock order, step
-            // 1), so that the machine's daemon joining meanwhile waits for this enrolment and
-            // then takes its node back, or this enrolment waits for the join and then finds
-            // the node. Without it both found no node holding the key, both inserted one, and
-            // the later commit failed on the unique index of trusted keys (an `INTERNAL`).
+            // 1), so that the machine's daemon joining with the same identifiers waits for this
+            // enrolment and then takes its node back, or this enrolment waits for the join and
+            // then finds the node. Without it both found no node holding the key, both
+            // inserted one, and the later insert failed on the unique index of trusted keys
+            // (an `INTERNAL`). A daemon reporting more identifiers than these (a BMC knows a
+            // subset) joins with another key: it waits for the enrolment lock instead, and
+            // then finds this node by its identifiers.
             nodes::lock_hardware_keys(&**txn, &[key]).await?;
+            nodes::lock_against_enrolments(&**txn, nodes::EnrolmentSide::Enrolling).await?;
             if let Some(known) = nodes::by_trusted_hardware_key(&**txn, key).await? {
                 return Err(ApiError::BadUserInput(format!(
                     "this machine is node `{known}` already (the same hardware key)"

@@ -25,11 +25,16 @@
 //! in, so a heartbeat batch (step 5 alone, in node id order) on the same nodes waits for it
 //! or it for the heartbeats, never both.
 //!
-//! An enrolment of a machine (`enrollNode` with the identifiers its BMC reports) races the
-//! join of that machine's daemon: both lock the machine's hardware key first (step 1), so the
-//! later one finds the earlier one's node. Without the enrolment's lock both found no node
-//! holding the key and inserted one, and the later commit failed on the unique index of
-//! trusted keys (an `INTERNAL`).
+//! An enrolment of a machine (`enrollNode`) races the join of that machine's daemon. With the
+//! identifiers the daemon reports, both lock the machine's hardware key (step 1), so the later
+//! one finds the earlier one's node; without the enrolment's lock both found no node holding
+//! the key and inserted one, and the later insert failed on the unique index of trusted keys
+//! (an `INTERNAL`). With the subset of them a BMC reports, the two keys differ: the join waits
+//! for the enrolment lock (exclusive for an enrolment, shared by joins) and then finds the
+//! enrolled node by its identifiers; without that lock it inserted a second node. (An
+//! enrolment by a BMC's identifiers that comes after the join is not recognised as the joined
+//! machine: an enrolment compares identifiers with other enrolments' only, and a joined
+//! node's are not stored.)
 //!
 //! SQLite has one writer at a time and no row locks: nothing to interleave there.
 
@@ -56,6 +61,15 @@ use std::collections::BTreeMap;
 enum StartsFirst {
     Enrolment,
     Join,
+}
+
+/// The identifiers an enrolment gives for its machine.
+#[derive(Debug, Clone, Copy)]
+enum EnrolledBy {
+    /// Every identifier the daemon reports: the two compute one hardware key.
+    TheDaemonsIdentifiers,
+    /// The subset a BMC reports ([`Machine::bmc_identifiers`]): another key.
+    TheBmcsIdentifiers,
 }
 
 /// What the session's side does while the revoke is under way.
@@ -91,11 +105,16 @@ async fn an_enrolment_racing_its_machines_join_leaves_one_node() {
     };
     // Nothing else waits for a lock while the two are counted.
     s.server.stop_controllers().await;
-    let (site, pool) = s.site_and_pool(8).await;
-    let secret = s.join_token(&site, Some(&pool), 10).await;
-    for (seed, first) in [(1, StartsFirst::Enrolment), (2, StartsFirst::Join)] {
+    for (seed, first, enrolled_by) in [
+        (1, StartsFirst::Enrolment, EnrolledBy::TheDaemonsIdentifiers),
+        (2, StartsFirst::Join, EnrolledBy::TheDaemonsIdentifiers),
+        (3, StartsFirst::Enrolment, EnrolledBy::TheBmcsIdentifiers),
+    ] {
+        let case = format!("{first:?} first, enrolled by {enrolled_by:?}");
+        // A pool of its own, whose nodes are the machine's.
+        let (site, pool) = s.site_and_pool(8).await;
+        let secret = s.join_token(&site, Some(&pool), 10).await;
         let machine = Machine::new(seed, None, None);
-        let enrolled_as = format!("bm-enrolled-{seed}");
         let watcher = s.single_connection().await;
         let holder = s.single_connection().await;
         let held = holder.begin().await.expect("a transaction");
@@ -103,18 +122,21 @@ async fn an_enrolment_racing_its_machines_join_leaves_one_node() {
             .await
             .expect("the event-order lock");
 
-        // The enrolment names every identifier the daemon reports, so both compute one key.
         let enrolment = || {
-            let identifiers: Vec<Value> = machine
-                .identifiers
-                .iter()
-                .map(|(name, value)| json!({ "name": name, "value": value }))
-                .collect();
+            let identifiers: Vec<Value> = match enrolled_by {
+                EnrolledBy::TheDaemonsIdentifiers => {
+                    machine.identifiers.clone().into_iter().collect()
+                }
+                EnrolledBy::TheBmcsIdentifiers => machine.bmc_identifiers(),
+            }
+            .into_iter()
+            .map(|(name, value)| json!({ "name": name, "value": value }))
+            .collect();
             tokio::spawn(gql(
                 s.url(),
                 s.admin_token().to_owned(),
                 "mutation($input: EnrollNodeInput!) { enrollNode(input: $input) { node { id } } }",
-                json!({ "input": { "siteId": site, "poolId": pool, "hostname": enrolled_as, "identifiers": identifiers } }),
+                json!({ "input": { "siteId": site, "poolId": pool, "hostname": "bm-enrolled", "identifiers": identifiers } }),
             ))
         };
         let join = || {
@@ -162,7 +184,7 @@ async fn an_enrolment_racing_its_machines_join_leaves_one_node() {
             StartsFirst::Enrolment => {
                 assert!(
                     enrolled.get("errors").is_none_or(Value::is_null),
-                    "the enrolment failed: {enrolled}"
+                    "{case}: the enrolment failed: {enrolled}"
                 );
                 // The daemon took the enrolled node back, with the next identity generation.
                 assert_eq!(
@@ -173,25 +195,23 @@ async fn an_enrolment_racing_its_machines_join_leaves_one_node() {
             }
             StartsFirst::Join => {
                 let error = &enrolled["errors"][0];
-                assert_eq!(error["extensions"]["code"], "BAD_USER_INPUT", "{enrolled}");
+                assert_eq!(
+                    error["extensions"]["code"], "BAD_USER_INPUT",
+                    "{case}: {enrolled}"
+                );
                 let message = error["message"].as_str().unwrap_or_default();
                 assert!(message.contains(&joined.node_id), "{enrolled}");
             }
         }
-        let nodes_of_the_machine = watcher
-            .query_one_raw(sea_orm::Statement::from_string(
-                watcher.get_database_backend(),
-                format!(
-                    "SELECT count(*) AS nodes FROM nodes WHERE deleted_at IS NULL AND hostname IN ('{enrolled_as}', '{}')",
-                    machine.hostname
-                ),
-            ))
-            .await
-            .expect("counting the machine's nodes")
-            .expect("a row")
-            .try_get::<i64>("", "nodes")
+        let nodes_of_the_machine = s
+            .admin(
+                "query($pool: ID!) { nodes(first: 1, filter: {poolId: [$pool]}) { totalCount } }",
+                json!({ "pool": pool }),
+            )
+            .await["nodes"]["totalCount"]
+            .as_i64()
             .expect("a count");
-        assert_eq!(nodes_of_the_machine, 1, "{first:?} first");
+        assert_eq!(nodes_of_the_machine, 1, "{case}");
         watcher.close().await.expect("closing");
         holder.close().await.expect("closing");
     }

@@ -58,7 +58,9 @@ const HARDWARE_KEY_LOCK_CLASS: i32 = 0x6268_6b79;
 /// an operator enrolling the machine while its daemon joins) would both find no node holding
 /// the key, both insert one, and the second would fail on the unique index of trusted keys;
 /// with the lock, a join finds the first's node and takes it back, and an enrolment finds it
-/// and is refused. SQLite's write transaction holds the whole database already.
+/// and is refused. An enrolment whose key differs from the joining daemon's (a BMC's subset
+/// of the identifiers) is ordered against joins by [`lock_against_enrolments`] instead.
+/// SQLite's write transaction holds the whole database already.
 ///
 /// A batch of joins locks all its machines in one statement, in the order of the keys'
 /// hashes, so that two transactions locking overlapping sets never wait on each other in a
@@ -76,6 +78,46 @@ pub async fn lock_hardware_keys(conn: &impl ConnectionTrait, keys: &[&str]) -> a
          FROM unnest($2::text[]) AS given(key) ORDER BY hash) \
          SELECT pg_advisory_xact_lock($1, hash) FROM keys",
         [HARDWARE_KEY_LOCK_CLASS.into(), keys.into()],
+    ))
+    .await?;
+    Ok(())
+}
+
+/// The class of the advisory lock that orders enrolments against joins (one lock for the
+/// whole fleet: its second key is always 0).
+const ENROLMENT_LOCK_CLASS: i32 = 0x6265_6e72;
+
+/// Which side of the enrolment lock ([`lock_against_enrolments`]) a transaction takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EnrolmentSide {
+    /// A batch of joins: shared, so that joins never wait for each other.
+    Joining,
+    /// An enrolment of a machine by its identifiers: exclusive.
+    Enrolling,
+}
+
+/// Orders enrolments against joins until the transaction ends (PostgreSQL; lock order, step
+/// 1, after the hardware keys). A BMC reports a subset of its machine's identifiers, so an
+/// enrolment's hardware key differs from the one the machine's daemon joins with and the key
+/// locks do not order the two: a join looking for the node its machine was enrolled as would
+/// not see an enrolment not yet committed, and would insert a second node. With this lock a
+/// join waits for an enrolment under way and then finds the enrolled node by its identifiers.
+/// SQLite's write transaction holds the whole database already.
+pub async fn lock_against_enrolments(
+    conn: &impl ConnectionTrait,
+    side: EnrolmentSide,
+) -> anyhow::Result<()> {
+    if conn.get_database_backend() != DbBackend::Postgres {
+        return Ok(());
+    }
+    let sql = match side {
+        EnrolmentSide::Joining => "SELECT pg_advisory_xact_lock_shared($1, 0)",
+        EnrolmentSide::Enrolling => "SELECT pg_advisory_xact_lock($1, 0)",
+    };
+    conn.execute_raw(sea_orm::Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        sql,
+        [ENROLMENT_LOCK_CLASS.into()],
     ))
     .await?;
     Ok(())
