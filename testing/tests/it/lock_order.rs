@@ -52,7 +52,7 @@ use better_compute::service::Services;
 use better_compute::service::liveness::{Candidate, SilentChange};
 use better_compute::service::sessions::{Hello, OpenedSession};
 use better_compute::service::test_support::EVENT_ORDER_LOCK;
-use sea_orm::{ConnectionTrait, TransactionTrait};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, TransactionTrait};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 
@@ -103,8 +103,6 @@ async fn an_enrolment_racing_its_machines_join_leaves_one_node() {
     let Some(s) = postgres_server().await else {
         return;
     };
-    // Nothing else waits for a lock while the two are counted.
-    s.server.stop_controllers().await;
     for (seed, first, enrolled_by) in [
         (1, StartsFirst::Enrolment, EnrolledBy::TheDaemonsIdentifiers),
         (2, StartsFirst::Join, EnrolledBy::TheDaemonsIdentifiers),
@@ -115,12 +113,8 @@ async fn an_enrolment_racing_its_machines_join_leaves_one_node() {
         let (site, pool) = s.site_and_pool(8).await;
         let secret = s.join_token(&site, Some(&pool), 10).await;
         let machine = Machine::new(seed, None, None);
-        let watcher = s.single_connection().await;
-        let holder = s.single_connection().await;
-        let held = holder.begin().await.expect("a transaction");
-        held.execute_unprepared(&format!("SELECT pg_advisory_xact_lock({EVENT_ORDER_LOCK})"))
-            .await
-            .expect("the event-order lock");
+        let conns = TestConnections::open(&s).await;
+        let held = conns.hold_event_order_lock().await;
 
         let enrolment = || {
             let identifiers: Vec<Value> = match enrolled_by {
@@ -155,18 +149,18 @@ async fn an_enrolment_racing_its_machines_join_leaves_one_node() {
         let (enrolled, joined) = match first {
             StartsFirst::Enrolment => {
                 let enrolled = enrolment();
-                s.wait_for_lock_waiters(&watcher, "wait_event = 'advisory'", 1)
+                s.wait_for_lock_waiters(&conns.watcher, "wait_event = 'advisory'", 1)
                     .await;
                 let joined = join();
-                s.wait_for_lock_waiters(&watcher, "true", 2).await;
+                s.wait_for_lock_waiters(&conns.watcher, "true", 2).await;
                 (enrolled, joined)
             }
             StartsFirst::Join => {
                 let joined = join();
-                s.wait_for_lock_waiters(&watcher, "wait_event = 'advisory'", 1)
+                s.wait_for_lock_waiters(&conns.watcher, "wait_event = 'advisory'", 1)
                     .await;
                 let enrolled = enrolment();
-                s.wait_for_lock_waiters(&watcher, "true", 2).await;
+                s.wait_for_lock_waiters(&conns.watcher, "true", 2).await;
                 (enrolled, joined)
             }
         };
@@ -212,8 +206,7 @@ async fn an_enrolment_racing_its_machines_join_leaves_one_node() {
             .as_i64()
             .expect("a count");
         assert_eq!(nodes_of_the_machine, 1, "{case}");
-        watcher.close().await.expect("closing");
-        holder.close().await.expect("closing");
+        conns.close().await;
     }
     s.stop().await;
 }
@@ -223,7 +216,6 @@ async fn a_heartbeat_not_yet_committed_keeps_its_node_from_being_marked_unreacha
     let Some(s) = postgres_server().await else {
         return;
     };
-    s.server.stop_controllers().await;
     let services = s.server.services.clone();
     let (site, pool) = s.site_and_pool(8).await;
     // Two connected nodes: one whose heartbeat is under way when Liveness marks them, and
@@ -244,9 +236,8 @@ async fn a_heartbeat_not_yet_committed_keeps_its_node_from_being_marked_unreacha
         .collect();
 
     // 1. A heartbeat batch writes the first node's `last_seen` past the cutoff, uncommitted.
-    let watcher = s.single_connection().await;
-    let holder = s.single_connection().await;
-    let heartbeat = holder.begin().await.expect("a transaction");
+    let conns = TestConnections::open(&s).await;
+    let heartbeat = conns.holder.begin().await.expect("a transaction");
     heartbeat
         .execute_unprepared(&format!(
             "UPDATE node_sessions SET last_seen = '{}' WHERE node_id = '{}'",
@@ -275,7 +266,7 @@ async fn a_heartbeat_not_yet_committed_keeps_its_node_from_being_marked_unreacha
             Ok::<_, ApiError>(candidates.into_iter().zip(changes).collect::<Vec<_>>())
         }
     });
-    s.wait_for_lock_waiters(&watcher, "true", 1).await;
+    s.wait_for_lock_waiters(&conns.watcher, "true", 1).await;
 
     // 3. The heartbeat commits: the mark sees it and leaves that node alone, and marks the
     //    other one.
@@ -315,8 +306,7 @@ async fn a_heartbeat_not_yet_committed_keeps_its_node_from_being_marked_unreacha
             "{id}"
         );
     }
-    watcher.close().await.expect("closing");
-    holder.close().await.expect("closing");
+    conns.close().await;
     s.stop().await;
 }
 
@@ -337,7 +327,6 @@ async fn a_hello_batch_and_a_heartbeat_batch_on_the_same_nodes_do_not_deadlock()
     let Some(s) = postgres_server().await else {
         return;
     };
-    s.server.stop_controllers().await;
     let services = s.server.services.clone();
     let (site, pool) = s.site_and_pool(8).await;
     let mut identities =
@@ -345,9 +334,8 @@ async fn a_hello_batch_and_a_heartbeat_batch_on_the_same_nodes_do_not_deadlock()
     identities.sort_by(|a, b| a.0.node_id.cmp(&b.0.node_id));
     let first = identities[0].0.node_id.clone();
 
-    let watcher = s.single_connection().await;
-    let holder = s.single_connection().await;
-    let held = holder.begin().await.expect("a transaction");
+    let conns = TestConnections::open(&s).await;
+    let held = conns.holder.begin().await.expect("a transaction");
     held.execute_unprepared(&format!(
         "SELECT 1 FROM node_sessions WHERE node_id = '{first}' FOR UPDATE"
     ))
@@ -363,7 +351,7 @@ async fn a_hello_batch_and_a_heartbeat_batch_on_the_same_nodes_do_not_deadlock()
         let services = services.clone();
         async move { services.record_heartbeats(&beats).await }
     });
-    s.wait_for_lock_waiters(&watcher, "true", 1).await;
+    s.wait_for_lock_waiters(&conns.watcher, "true", 1).await;
 
     // 2. The hellos, in the other order, on another replica.
     let hellos: Vec<Hello> = identities
@@ -379,7 +367,7 @@ async fn a_hello_batch_and_a_heartbeat_batch_on_the_same_nodes_do_not_deadlock()
         let services = services.clone();
         async move { services.open_sessions("gw-joining", &hellos).await }
     });
-    s.wait_for_lock_waiters(&watcher, "true", 2).await;
+    s.wait_for_lock_waiters(&conns.watcher, "true", 2).await;
 
     // 3. The row goes; both batches commit.
     held.commit().await.expect("letting the row go");
@@ -398,22 +386,54 @@ async fn a_hello_batch_and_a_heartbeat_batch_on_the_same_nodes_do_not_deadlock()
         let answer = answer.unwrap_or_else(|e| panic!("a hello: {}", e.message()));
         assert_eq!(answer.epoch, 2, "each node's second session");
     }
-    watcher.close().await.expect("closing");
-    holder.close().await.expect("closing");
+    conns.close().await;
     s.stop().await;
 }
 
-/// A test server on PostgreSQL, or none when the run leaves PostgreSQL out (these races need
-/// its row and advisory locks).
+/// A test server on PostgreSQL with its controllers stopped, so that nothing but the test's
+/// own steps waits for a lock while the waiters are counted; or none when the run leaves
+/// PostgreSQL out (these races need its row and advisory locks).
 async fn postgres_server() -> Option<TestServer> {
     if !Backend::selected().contains(&Backend::Postgres) {
         return None;
     }
-    Some(
-        TestServer::start(Backend::Postgres)
+    let s = TestServer::start(Backend::Postgres)
+        .await
+        .expect("a PostgreSQL test server");
+    s.server.stop_controllers().await;
+    Some(s)
+}
+
+/// The test's own two connections to the server's database: `holder` holds, in a transaction
+/// of its own, a lock the racing writers need; `watcher` counts who waits for a lock
+/// ([`TestServer::wait_for_lock_waiters`]).
+struct TestConnections {
+    watcher: DatabaseConnection,
+    holder: DatabaseConnection,
+}
+
+impl TestConnections {
+    async fn open(s: &TestServer) -> TestConnections {
+        TestConnections {
+            watcher: s.single_connection().await,
+            holder: s.single_connection().await,
+        }
+    }
+
+    /// A transaction on `holder` holding the event-order lock, which every writer takes last,
+    /// at its commit, until it ends.
+    async fn hold_event_order_lock(&self) -> DatabaseTransaction {
+        let held = self.holder.begin().await.expect("a transaction");
+        held.execute_unprepared(&format!("SELECT pg_advisory_xact_lock({EVENT_ORDER_LOCK})"))
             .await
-            .expect("a PostgreSQL test server"),
-    )
+            .expect("the event-order lock");
+        held
+    }
+
+    async fn close(self) {
+        self.watcher.close().await.expect("closing");
+        self.holder.close().await.expect("closing");
+    }
 }
 
 /// Enrols a node for each of `names` and opens its session through `gateway_id`, as its
@@ -467,12 +487,8 @@ async fn race(s: &TestServer, id: &str, step: SessionStep) {
         .await
         .unwrap_or_else(|e| panic!("opening the first session: {}", e.message()));
 
-    let watcher = s.single_connection().await;
-    let holder = s.single_connection().await;
-    let held = holder.begin().await.expect("a transaction");
-    held.execute_unprepared(&format!("SELECT pg_advisory_xact_lock({EVENT_ORDER_LOCK})"))
-        .await
-        .expect("the event-order lock");
+    let conns = TestConnections::open(s).await;
+    let held = conns.hold_event_order_lock().await;
 
     // 1. The revoke locks the node and waits for the event-order lock.
     let version = node_version(s, id).await;
@@ -482,7 +498,7 @@ async fn race(s: &TestServer, id: &str, step: SessionStep) {
         "mutation($input: RevokeNodeIdentityInput!) { revokeNodeIdentity(input: $input) { node { identityGeneration } } }",
         json!({ "input": { "id": id, "version": version, "reason": "lock order" } }),
     ));
-    s.wait_for_lock_waiters(&watcher, "wait_event = 'advisory'", 1)
+    s.wait_for_lock_waiters(&conns.watcher, "wait_event = 'advisory'", 1)
         .await;
 
     // 2. The session's transaction starts and waits behind the revoke.
@@ -501,7 +517,7 @@ async fn race(s: &TestServer, id: &str, step: SessionStep) {
             }
         }
     });
-    s.wait_for_lock_waiters(&watcher, "true", 2).await;
+    s.wait_for_lock_waiters(&conns.watcher, "true", 2).await;
 
     // 3. The event-order lock goes; both finish, in some order.
     held.commit().await.expect("releasing the event-order lock");
@@ -529,8 +545,7 @@ async fn race(s: &TestServer, id: &str, step: SessionStep) {
             internal_detail(&err)
         ),
     }
-    watcher.close().await.expect("closing");
-    holder.close().await.expect("closing");
+    conns.close().await;
 }
 
 /// The source of an internal error (`deadlock detected`, say), or the message.
