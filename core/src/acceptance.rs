@@ -242,7 +242,7 @@ pub fn decide(
 
 /// Whether an event may give acceptance or the first spec something to do now, so that the
 /// controller loop runs their pass soon after it instead of at its next tick: the node's
-/// inventory arrived (its GPU count, labels or conditions changed), it connected, a command
+/// inventory arrived (its GPU count, inventory labels or conditions changed), it connected, a command
 /// ended (any command: a check's verdict among them), its provision state moved (`adopted`
 /// wants its first spec, a recovered node is `adopting` again), or its pool's acceptance
 /// policy changed (`pool.updated`). No other event can move a node through acceptance.
@@ -251,7 +251,7 @@ pub fn may_advance(event_type: EventType) -> bool {
         event_type,
         EventType::PoolUpdated
             | EventType::NodeGpuCountChanged
-            | EventType::NodeLabelSet
+            | EventType::NodeInventoryLabelsChanged
             | EventType::NodeConditionChanged
             | EventType::NodeConnectivityChanged
             | EventType::NodeProvisionStateChanged
@@ -524,7 +524,7 @@ mod tests {
         for wakes in [
             EventType::NodeConnectivityChanged,
             EventType::NodeGpuCountChanged,
-            EventType::NodeLabelSet,
+            EventType::NodeInventoryLabelsChanged,
             EventType::CommandSucceeded,
             EventType::CommandTimedOut,
             EventType::NodeProvisionStateChanged,
@@ -532,7 +532,7 @@ mod tests {
         ] {
             assert!(may_advance(wakes), "{wakes}");
         }
-        // A check under way, an operator's cordon or taint, a booking, or the first spec
+        // A check under way, an operator's cordon, taint or label, a booking, or the first spec
         // (written by the pass itself) decide nothing.
         for quiet in [
             EventType::CommandQueued,
@@ -540,6 +540,7 @@ mod tests {
             EventType::CommandRunning,
             EventType::NodeCordoned,
             EventType::NodeTainted,
+            EventType::NodeLabelSet,
             EventType::AllocationBooked,
             EventType::NodeSpecGeneration,
         ] {

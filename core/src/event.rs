@@ -96,12 +96,18 @@ axis_enum!(
         NodeTainted = "node.tainted",
         /// An operator taint was removed.
         NodeUntainted = "node.untainted",
-        /// A label was set (by an operator, or an inventory label by the Inventory controller).
+        /// An operator's label was set (`labelNode`; one event per key). Inventory labels
+        /// written before `node.inventory_labels_changed` existed were recorded this way too.
         NodeLabelSet = "node.label_set",
-        /// A label was removed.
+        /// An operator's label was removed (one event per key; older inventory removals too).
         NodeLabelRemoved = "node.label_removed",
 
         // Nodes: inventory and bookkeeping.
+        /// A report changed the node's inventory labels (the set under
+        /// `inventory.bettercompute.io/`, replaced wholesale on every report): one event for
+        /// all of them, `from` and `to` listing the keys that changed as `key=value`, the
+        /// data each key's value and previous value.
+        NodeInventoryLabelsChanged = "node.inventory_labels_changed",
         /// The node's inventory reported a different number of GPUs.
         NodeGpuCountChanged = "node.gpu_count_changed",
         /// The hardware key computed from the node's identifiers changed (or its trust).
@@ -374,6 +380,7 @@ mod tests {
             EventType::NodeUntainted => "node.untainted",
             EventType::NodeLabelSet => "node.label_set",
             EventType::NodeLabelRemoved => "node.label_removed",
+            EventType::NodeInventoryLabelsChanged => "node.inventory_labels_changed",
             EventType::NodeGpuCountChanged => "node.gpu_count_changed",
             EventType::NodeHardwareKeyChanged => "node.hardware_key_changed",
             EventType::NodeSpecGeneration => "node.spec_generation",
@@ -414,7 +421,7 @@ mod tests {
 
     #[test]
     fn event_types_are_pinned_and_round_trip() {
-        assert_eq!(EventType::ALL.len(), 65);
+        assert_eq!(EventType::ALL.len(), 66);
         let mut seen = std::collections::BTreeSet::new();
         for t in EventType::ALL.iter().copied() {
             let spelling = pinned(t);

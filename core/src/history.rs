@@ -18,6 +18,7 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::event::{Axis, Change, EventType};
 use crate::node::NodeRecord;
@@ -179,11 +180,32 @@ pub fn record_of(doc: &Value, version: i64) -> Result<NodeRecord, HistoryError> 
     Ok(record)
 }
 
+/// Each inventory label a report changed, in key order, as a label change's detail is
+/// (`{ key, value, previous }`; `value` is null for a label the report no longer has).
+fn inventory_label_changes(before: Option<&NodeRecord>, after: &NodeRecord) -> Vec<Value> {
+    let prefix = crate::health::INVENTORY_LABEL_PREFIX;
+    let inventory = |n: &NodeRecord| -> BTreeMap<String, String> {
+        n.labels
+            .iter()
+            .filter(|(key, _)| key.starts_with(prefix))
+            .map(|(key, value)| (key.clone(), value.clone()))
+            .collect()
+    };
+    let was = before.map(inventory).unwrap_or_default();
+    let now = inventory(after);
+    let keys: BTreeSet<&String> = was.keys().chain(now.keys()).collect();
+    keys.into_iter()
+        .filter(|key| was.get(*key) != now.get(*key))
+        .map(|key| json!({ "key": key, "value": now.get(key), "previous": was.get(key) }))
+        .collect()
+}
+
 /// The structured detail of one change, for the event's `data.change`: the whole element
 /// the change touched, as it is after the change (or as it was, for a removal), typed.
 ///
 /// - conditions: `{ condition, previous }` (the whole condition after and before);
-/// - taints: `{ taint, previous }`; labels: `{ key, value, previous }`;
+/// - taints: `{ taint, previous }`; labels: `{ key, value, previous }`, and for a report's
+///   inventory labels `{ labels: [{ key, value, previous }] }`, each label it changed;
 /// - `noScheduleReasons`: `{ reason }` (the entry added, or the one removed, with who set
 ///   it, since when and its detail);
 /// - cordon and drain: `{ cordon }`, `{ drain }`; maintenance: `{ maintenance, reason }`;
@@ -211,6 +233,9 @@ pub fn change_detail(change: &Change, before: Option<&NodeRecord>, after: &NodeR
                     .cloned()
             };
             json!({ "taint": find(after), "previous": before.and_then(find) })
+        }
+        Axis::Labels if change.event_type == EventType::NodeInventoryLabelsChanged => {
+            json!({ "labels": inventory_label_changes(before, after) })
         }
         Axis::Labels => {
             let find = |n: &NodeRecord| key.and_then(|k| n.labels.get(k).cloned());

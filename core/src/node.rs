@@ -9,7 +9,7 @@
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::actor::Actor;
 use crate::axes::{
@@ -494,7 +494,8 @@ impl NodeRecord {
         self.write_labels(set, remove)
     }
 
-    /// Sets and removes labels, whoever owns them.
+    /// Sets and removes an operator's labels, one change per key that moved: an operator
+    /// names each key, and an audit of who set which label reads them one by one.
     fn write_labels(
         &mut self,
         set: &BTreeMap<String, String>,
@@ -538,6 +539,59 @@ impl NodeRecord {
             }
         }
         Ok(changes)
+    }
+
+    /// Replaces the inventory labels (every key under
+    /// [`crate::health::INVENTORY_LABEL_PREFIX`]) with a report's whole set, as one change
+    /// (`node.inventory_labels_changed`) however many keys moved. A report re-derives the
+    /// set, so its effect is one fact about the node; a machine's first report sets about
+    /// twenty labels, and an event per key made them most of a fleet's bring-up events
+    /// (and of the database's work while it came up). `from` and `to` list the keys that
+    /// changed, as `key=value` in key order, with what each held before and holds now.
+    fn replace_inventory_labels(
+        &mut self,
+        labels: &BTreeMap<String, String>,
+    ) -> Result<Option<Change>, DomainError> {
+        let prefix = crate::health::INVENTORY_LABEL_PREFIX;
+        for (key, value) in labels {
+            if !key.starts_with(prefix) {
+                return Err(DomainError::BadInput(format!(
+                    "inventory label `{key}` is not under `{prefix}`"
+                )));
+            }
+            validate_label_key(key)?;
+            validate_label_value(value)?;
+        }
+        let before: BTreeMap<String, String> = self
+            .labels
+            .iter()
+            .filter(|(key, _)| key.starts_with(prefix))
+            .map(|(key, value)| (key.clone(), value.clone()))
+            .collect();
+        if before == *labels {
+            return Ok(None);
+        }
+        self.labels.retain(|key, _| !key.starts_with(prefix));
+        self.labels
+            .extend(labels.iter().map(|(k, v)| (k.clone(), v.clone())));
+        let changed: BTreeSet<&String> = before
+            .keys()
+            .chain(labels.keys())
+            .filter(|key| before.get(*key) != labels.get(*key))
+            .collect();
+        let render = |set: &BTreeMap<String, String>| {
+            let listed: Vec<String> = changed
+                .iter()
+                .filter_map(|key| set.get(*key).map(|value| format!("{key}={value}")))
+                .collect();
+            (!listed.is_empty()).then(|| listed.join(", "))
+        };
+        Ok(Some(Change::new(
+            EventType::NodeInventoryLabelsChanged,
+            Axis::Labels,
+            render(&before),
+            render(labels),
+        )))
     }
 
     /// Records a condition from Inventory, Health, Liveness or NodeLifecycle.
@@ -645,14 +699,10 @@ impl NodeRecord {
         by: &Actor,
         now: DateTime<Utc>,
     ) -> Result<Vec<Change>, DomainError> {
-        let prefix = crate::health::INVENTORY_LABEL_PREFIX;
-        let stale: Vec<String> = self
-            .labels
-            .keys()
-            .filter(|k| k.starts_with(prefix) && !facts.labels.contains_key(*k))
-            .cloned()
+        let mut changes: Vec<Change> = self
+            .replace_inventory_labels(&facts.labels)?
+            .into_iter()
             .collect();
-        let mut changes = self.write_labels(&facts.labels, &stale)?;
         if let Some(devices) = &facts.devices {
             let count = i32::try_from(devices.len()).unwrap_or(i32::MAX);
             if count != self.gpu_count {
@@ -1409,6 +1459,83 @@ pub(crate) mod tests {
         assert!(!n.labels.contains_key(&key));
         assert_eq!(n.labels["team"], "ml");
         assert_eq!(n.gpu_count, 8);
+    }
+
+    #[test]
+    fn a_report_changes_its_inventory_labels_in_one_event() {
+        let key = |name: &str| format!("{}{name}", crate::health::INVENTORY_LABEL_PREFIX);
+        let facts = |labels: &[(&str, &str)]| crate::health::InventoryFacts {
+            devices: None,
+            labels: labels
+                .iter()
+                .map(|(name, value)| (key(name), (*value).to_owned()))
+                .collect(),
+            conditions: Vec::new(),
+        };
+        let labels_changed = |from: Option<String>, to: Option<String>| {
+            vec![Change::new(
+                EventType::NodeInventoryLabelsChanged,
+                Axis::Labels,
+                from,
+                to,
+            )]
+        };
+        let mut n = node(ProvisionState::Adopted);
+        let first = facts(&[("gpu-model", "H100"), ("gpu-count", "8"), ("os", "ubuntu")]);
+        assert_eq!(
+            n.apply_inventory(&first, &alice(), t0()).expect("applied"),
+            labels_changed(
+                None,
+                Some(format!(
+                    "{}=8, {}=H100, {}=ubuntu",
+                    key("gpu-count"),
+                    key("gpu-model"),
+                    key("os")
+                ))
+            )
+        );
+        // The same report again changes nothing, so it records nothing.
+        assert!(
+            n.apply_inventory(&first, &alice(), t0())
+                .expect("applied")
+                .is_empty()
+        );
+
+        // One label changed, one gone, one new: one event naming those three, with the detail
+        // of each.
+        let before = n.clone();
+        let next = facts(&[("gpu-model", "H200"), ("gpu-count", "8"), ("kernel", "6.1")]);
+        let changes = n.apply_inventory(&next, &alice(), t0()).expect("applied");
+        assert_eq!(
+            changes,
+            labels_changed(
+                Some(format!("{}=H100, {}=ubuntu", key("gpu-model"), key("os"))),
+                Some(format!("{}=H200, {}=6.1", key("gpu-model"), key("kernel")))
+            )
+        );
+        assert_eq!(
+            crate::history::change_detail(&changes[0], Some(&before), &n),
+            serde_json::json!({ "labels": [
+                { "key": key("gpu-model"), "value": "H200", "previous": "H100" },
+                { "key": key("kernel"), "value": "6.1", "previous": null },
+                { "key": key("os"), "value": null, "previous": "ubuntu" },
+            ] })
+        );
+
+        // A label outside inventory's prefix, or an invalid value, is refused and changes
+        // nothing.
+        let current = n.labels.clone();
+        let outside = crate::health::InventoryFacts {
+            devices: None,
+            labels: BTreeMap::from([("team".to_owned(), "ml".to_owned())]),
+            conditions: Vec::new(),
+        };
+        assert!(n.apply_inventory(&outside, &alice(), t0()).is_err());
+        assert!(
+            n.apply_inventory(&facts(&[("os", "no spaces")]), &alice(), t0())
+                .is_err()
+        );
+        assert_eq!(n.labels, current);
     }
 
     #[test]

@@ -1220,6 +1220,12 @@ pub struct BringUp {
     pub schedulable: Duration,
     /// The server's CPU from the fleet's start to every node schedulable, in % of one core.
     pub server_cpu: f64,
+    /// The events in the log once every node was schedulable: the feed's head, the newest
+    /// sequence number it read (so also any number a rolled-back write drew, and the bench's
+    /// own few catalog events). Each event is a row and its index entries that the database
+    /// writes and the feed reads back, much of what a bring-up costs. `None` if the server
+    /// did not say.
+    pub events: Option<u64>,
     pub timeline: Vec<BringUpSample>,
 }
 
@@ -1251,6 +1257,19 @@ impl BringUp {
                 "bring-up: server CPU".into(),
                 format!("{:.1} % of one core", self.server_cpu),
                 "2 cores: 200 % is the whole machine (simulator included)",
+            ),
+            (
+                "bring-up: events written (bc_feed_head)".into(),
+                self.events.map_or_else(
+                    || "n/a (metric missing)".to_owned(),
+                    |events| {
+                        format!(
+                            "{events} ({:.1} per node)",
+                            events as f64 / self.nodes as f64
+                        )
+                    },
+                ),
+                "",
             ),
         ];
         rows.extend(self.timeline.iter().map(|s| {
@@ -1330,6 +1349,11 @@ pub async fn bring_up(
         {
             let cpu = cpu_ticks_of(servers)?;
             tracing::info!(?schedulable, "every node is schedulable");
+            let events = api
+                .metrics()
+                .await?
+                .get("bc_feed_head")
+                .map(|head| head as u64);
             return Ok(BringUp {
                 nodes,
                 joined,
@@ -1337,6 +1361,7 @@ pub async fn bring_up(
                 adopted,
                 schedulable,
                 server_cpu: share_of_a_core(cpu - cpu_at_start, clk_tck, started.elapsed()),
+                events,
                 timeline,
             });
         }

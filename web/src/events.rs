@@ -14,7 +14,7 @@ use crate::live::{LiveState, follow};
 const PAGE: i64 = 50;
 
 /// Every `EventType`, in the schema's order (a test checks each is one the schema knows).
-pub const EVENT_TYPES: [&str; 65] = [
+pub const EVENT_TYPES: [&str; 66] = [
     "NODE_JOINED",
     "NODE_REJOINED",
     "NODE_ENROLLED",
@@ -43,6 +43,7 @@ pub const EVENT_TYPES: [&str; 65] = [
     "NODE_UNTAINTED",
     "NODE_LABEL_SET",
     "NODE_LABEL_REMOVED",
+    "NODE_INVENTORY_LABELS_CHANGED",
     "NODE_GPU_COUNT_CHANGED",
     "NODE_HARDWARE_KEY_CHANGED",
     "NODE_SPEC_GENERATION",

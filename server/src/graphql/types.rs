@@ -166,11 +166,16 @@ pub enum EventType {
     NodeTainted,
     /// `node.untainted`: an operator taint was removed.
     NodeUntainted,
-    /// `node.label_set`: a label was set (by an operator, or an inventory label by the Inventory
-    /// controller).
+    /// `node.label_set`: an operator's label was set (`labelNode`; one event per key). Inventory
+    /// labels written before `node.inventory_labels_changed` existed were recorded this way too.
     NodeLabelSet,
-    /// `node.label_removed`: a label was removed.
+    /// `node.label_removed`: an operator's label was removed (one event per key; older
+    /// inventory removals too).
     NodeLabelRemoved,
+    /// `node.inventory_labels_changed`: a report changed the node's inventory labels (the set
+    /// under `inventory.bettercompute.io/`): one event for all of them, `from` and `to` listing
+    /// the keys that changed as `key=value`.
+    NodeInventoryLabelsChanged,
     /// `node.gpu_count_changed`: the node's inventory reported a different number of GPUs.
     NodeGpuCountChanged,
     /// `node.hardware_key_changed`: the hardware key computed from the node's identifiers changed
@@ -1156,7 +1161,8 @@ impl Event {
     /// The event's typed detail, as JSON. For node changes: `version` (the node's version
     /// after the change), `detail` (the rendered reason or deadline), `key` (the label, taint,
     /// condition or reason key), `change` (the whole condition, taint, label, reason, cordon or
-    /// drain touched, as it is after the change and, under `previous`, before) and, on the
+    /// drain touched, as it is after the change and, under `previous`, before; for
+    /// `node.inventory_labels_changed`, `labels`: each label the report changed, so) and, on the
     /// first event of each version, `rebuild` (a JSON Patch from the previous version, or every
     /// 32nd version a `snapshot` of the whole record: what `nodeAsOf` folds). For commands,
     /// the command's status fields; for the others, what was created.

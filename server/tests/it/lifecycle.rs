@@ -131,6 +131,32 @@ async fn a_node_goes_from_join_to_schedulable_by_itself() {
             "NVIDIA-H100-80GB-HBM3"
         );
         assert_eq!(condition(&node, "GpuCountMismatch")["status"], "FALSE");
+        // The report's labels are one event, listing each with its value.
+        let events = s
+            .admin(
+                "query($id: ID!) { node(id: $id) { events(first: 100) { edges { node { type from to data } } } } }",
+                json!({"id": id}),
+            )
+            .await;
+        let label_events: Vec<&Value> = events["node"]["events"]["edges"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| &e["node"])
+            .filter(|e| e["type"].as_str().is_some_and(|t| t.contains("label")))
+            .collect();
+        assert_eq!(label_events.len(), 1, "{events:#}");
+        let event = label_events[0];
+        assert_eq!(event["type"], "node.inventory_labels_changed");
+        assert!(event["from"].is_null(), "{event:#}");
+        let listed = event["to"].as_str().unwrap().split(", ").collect::<Vec<_>>();
+        let changed = event["data"]["change"]["labels"].as_array().unwrap();
+        assert_eq!(listed.len(), labels.len(), "{event:#}");
+        assert_eq!(changed.len(), labels.len(), "{event:#}");
+        for ((key, value), (text, change)) in labels.iter().zip(listed.iter().zip(changed)) {
+            assert_eq!(*text, format!("{key}={value}"));
+            assert_eq!(change, &json!({ "key": key, "value": value, "previous": null }));
+        }
 
         // Acceptance: diag.nvml as a command; a pass adopts the node.
         let mut lifecycle = LifecycleController::new(s.server.services.clone());
