@@ -242,8 +242,8 @@ pub fn decide(
 
 /// Whether an event may give acceptance or the first spec something to do now, so that the
 /// controller loop runs their pass soon after it instead of at its next tick: the node's
-/// inventory arrived (its GPU count, inventory labels or conditions changed), it connected, a command
-/// ended (any command: a check's verdict among them), its provision state moved (`adopted`
+/// inventory arrived (its GPU count, inventory labels or conditions changed), it connected, a
+/// command ended (any command: a check's verdict among them), its provision state moved (`adopted`
 /// wants its first spec, a recovered node is `adopting` again), or its pool's acceptance
 /// policy changed (`pool.updated`). No other event can move a node through acceptance.
 pub fn may_advance(event_type: EventType) -> bool {

@@ -268,8 +268,10 @@ pub struct Change {
     /// Free-form detail worth keeping with the event (a reason text, a deadline).
     pub detail: Option<String>,
     /// The element of a keyed field the change is about: the label or taint key, the
-    /// condition type, the `noScheduleReasons` key. `None` for the scalar axes. The event's
-    /// structured detail ([`crate::history::change_detail`]) looks the element up by it.
+    /// condition type, the `noScheduleReasons` key. `None` for the scalar axes, and for a
+    /// report's inventory labels (`node.inventory_labels_changed`), which are several. The
+    /// event's structured detail ([`crate::history::change_detail`]) looks the element up by
+    /// it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
 }

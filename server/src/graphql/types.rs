@@ -1158,14 +1158,15 @@ impl Event {
     async fn cause(&self) -> Option<&str> {
         self.0.cause.as_deref()
     }
-    /// The event's typed detail, as JSON. For node changes: `version` (the node's version
-    /// after the change), `detail` (the rendered reason or deadline), `key` (the label, taint,
-    /// condition or reason key), `change` (the whole condition, taint, label, reason, cordon or
-    /// drain touched, as it is after the change and, under `previous`, before; for
-    /// `node.inventory_labels_changed`, `labels`: each label the report changed, so) and, on the
-    /// first event of each version, `rebuild` (a JSON Patch from the previous version, or every
-    /// 32nd version a `snapshot` of the whole record: what `nodeAsOf` folds). For commands,
-    /// the command's status fields; for the others, what was created.
+    /// The event's typed detail, as JSON. For node changes: `version` (the node's version after the
+    /// change), `detail` (the rendered reason or deadline), `key` (the label, taint, condition or
+    /// reason key; none for `node.inventory_labels_changed`, which is about several), `change` (the
+    /// whole condition, taint, label, reason, cordon or drain touched, as it is after the change
+    /// and, under `previous`, before; for `node.inventory_labels_changed`, under `labels`, each
+    /// label the report changed, as `{ key, value, previous }`) and, on the first event of each
+    /// version, `rebuild` (a JSON Patch from the previous version, or every 32nd version a
+    /// `snapshot` of the whole record: what `nodeAsOf` folds). For commands, the command's status
+    /// fields; for the others, what was created.
     async fn data(&self) -> Json<&serde_json::Value> {
         Json(&self.0.data)
     }
