@@ -240,7 +240,7 @@ async fn run_bench(
     let fleet =
         bench::start_fleet(&api, servers, &site, &pool, args.nodes, &args.fleet, dir).await?;
     let outcome = async {
-        let bring_up = bench::bring_up(
+        let mut bring_up = bench::bring_up(
             &api,
             servers,
             &fleet,
@@ -257,6 +257,7 @@ async fn run_bench(
         // The nodes the window's requests pick from.
         let node_ids = fleet.node_ids(&api, &pool).await?;
         let measured = measure(args, servers, &apis, &fleet, &node_ids).await?;
+        bring_up.count_events(&api).await;
         // A failover that fails still leaves the bring-up and the window to report (at
         // 100,000 nodes, twenty minutes of them): printed first, then the failure.
         let (failover, failed_over) = if args.kill_replica {

@@ -149,9 +149,10 @@ async fn run_bench(
         bench::start_fleet(&api, servers, &site, &pool, args.nodes, &args.fleet, dir).await?;
     let timeout = Duration::from_secs(args.ready_timeout);
     let outcome = async {
-        let bring_up = bench::bring_up(&api, servers, &fleet, &pool, timeout, started).await?;
+        let mut bring_up = bench::bring_up(&api, servers, &fleet, &pool, timeout, started).await?;
         let tenant = tenant_offered(&api, &pool).await?;
         let measured = measure(args, server, &api, &tenant, &pool).await?;
+        bring_up.count_events(&api).await;
         let booked = booked_gpus(&api, &pool).await?;
         Report {
             nodes: args.nodes,
