@@ -18,7 +18,6 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use std::collections::{BTreeMap, BTreeSet};
 
 use crate::event::{Axis, Change, EventType};
 use crate::node::NodeRecord;
@@ -183,19 +182,10 @@ pub fn record_of(doc: &Value, version: i64) -> Result<NodeRecord, HistoryError> 
 /// Each inventory label a report changed, in key order, as a label change's detail is
 /// (`{ key, value, previous }`; `value` is null for a label the report no longer has).
 fn inventory_label_changes(before: Option<&NodeRecord>, after: &NodeRecord) -> Vec<Value> {
-    let prefix = crate::health::INVENTORY_LABEL_PREFIX;
-    let inventory = |n: &NodeRecord| -> BTreeMap<String, String> {
-        n.labels
-            .iter()
-            .filter(|(key, _)| key.starts_with(prefix))
-            .map(|(key, value)| (key.clone(), value.clone()))
-            .collect()
-    };
-    let was = before.map(inventory).unwrap_or_default();
-    let now = inventory(after);
-    let keys: BTreeSet<&String> = was.keys().chain(now.keys()).collect();
-    keys.into_iter()
-        .filter(|key| was.get(*key) != now.get(*key))
+    let was = before.map(NodeRecord::inventory_labels).unwrap_or_default();
+    let now = after.inventory_labels();
+    crate::node::changed_label_keys(&was, &now)
+        .into_iter()
         .map(|key| json!({ "key": key, "value": now.get(key), "previous": was.get(key) }))
         .collect()
 }

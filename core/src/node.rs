@@ -83,6 +83,19 @@ pub struct Session {
     pub last_seen: DateTime<Utc>,
 }
 
+/// The keys whose value differs between two label sets (set, changed or removed), in key
+/// order: what a report's `node.inventory_labels_changed` lists.
+pub fn changed_label_keys<'a>(
+    before: &'a BTreeMap<String, String>,
+    after: &'a BTreeMap<String, String>,
+) -> BTreeSet<&'a String> {
+    before
+        .keys()
+        .chain(after.keys())
+        .filter(|key| before.get(*key) != after.get(*key))
+        .collect()
+}
+
 /// The controller that owns label `key`, if one does: `inventory` for keys under
 /// [`crate::health::INVENTORY_LABEL_PREFIX`], which it sets from the node's reports; `None`
 /// for an operator's label. Only the owner sets or removes an owned label.
@@ -541,6 +554,16 @@ impl NodeRecord {
         Ok(changes)
     }
 
+    /// The labels inventory owns: every key under [`crate::health::INVENTORY_LABEL_PREFIX`].
+    pub fn inventory_labels(&self) -> BTreeMap<String, String> {
+        let prefix = crate::health::INVENTORY_LABEL_PREFIX;
+        self.labels
+            .iter()
+            .filter(|(key, _)| key.starts_with(prefix))
+            .map(|(key, value)| (key.clone(), value.clone()))
+            .collect()
+    }
+
     /// Replaces the inventory labels (every key under
     /// [`crate::health::INVENTORY_LABEL_PREFIX`]) with a report's whole set, as one change
     /// (`node.inventory_labels_changed`) however many keys moved. A report re-derives the
@@ -562,23 +585,14 @@ impl NodeRecord {
             validate_label_key(key)?;
             validate_label_value(value)?;
         }
-        let before: BTreeMap<String, String> = self
-            .labels
-            .iter()
-            .filter(|(key, _)| key.starts_with(prefix))
-            .map(|(key, value)| (key.clone(), value.clone()))
-            .collect();
+        let before = self.inventory_labels();
         if before == *labels {
             return Ok(None);
         }
         self.labels.retain(|key, _| !key.starts_with(prefix));
         self.labels
             .extend(labels.iter().map(|(k, v)| (k.clone(), v.clone())));
-        let changed: BTreeSet<&String> = before
-            .keys()
-            .chain(labels.keys())
-            .filter(|key| before.get(*key) != labels.get(*key))
-            .collect();
+        let changed = changed_label_keys(&before, labels);
         let render = |set: &BTreeMap<String, String>| {
             let listed: Vec<String> = changed
                 .iter()
