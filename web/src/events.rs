@@ -145,6 +145,52 @@ pub fn words(text: &str) -> Vec<String> {
         .collect()
 }
 
+/// The event type whose `from` and `to` list many keys (`key=value, …`): a report's
+/// inventory labels, about twenty on a machine's first report.
+const MANY_KEYS_TYPE: &str = "node.inventory_labels_changed";
+
+/// An event's "from → to" cell. A report's inventory labels fold into a line that says how
+/// many changed and opens to the whole list, so that one event does not make its row a page
+/// tall; every other change shows as it is.
+pub fn from_to(event_type: &str, from: Option<String>, to: Option<String>) -> AnyView {
+    let text = match (&from, &to) {
+        (None, None) => return ().into_any(),
+        _ => format!(
+            "{} → {}",
+            from.as_deref().unwrap_or_default(),
+            to.as_deref().unwrap_or_default()
+        ),
+    };
+    match (event_type == MANY_KEYS_TYPE).then(|| keys_changed(from.as_deref(), to.as_deref())) {
+        Some(summary) => view! {
+            <details class="from-to"><summary>{summary}</summary>{text}</details>
+        }
+        .into_any(),
+        None => text.into_any(),
+    }
+}
+
+/// How many keys a many-keys change lists (`set`, `changed` or `removed`), in a line: from
+/// `a=1, b=2` to `b=3, c=4` is one changed, one set and one removed.
+fn keys_changed(from: Option<&str>, to: Option<&str>) -> String {
+    let keys = |side: Option<&str>| -> std::collections::BTreeSet<String> {
+        side.into_iter()
+            .flat_map(|s| s.split(", "))
+            .filter_map(|pair| pair.split_once('=').map(|(key, _)| key.to_owned()))
+            .collect()
+    };
+    let (before, after) = (keys(from), keys(to));
+    let changed = before.intersection(&after).count();
+    let set = after.len() - changed;
+    let removed = before.len() - changed;
+    let parts: Vec<String> = [(set, "set"), (changed, "changed"), (removed, "removed")]
+        .into_iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, what)| format!("{n} {what}"))
+        .collect();
+    format!("labels: {}", parts.join(", "))
+}
+
 /// `evt_42` → 42: events sort newest first by it.
 fn sequence(id: &str) -> u64 {
     id.rsplit('_')
@@ -397,10 +443,7 @@ fn EventList(filter: Filter) -> impl IntoView {
                                     <A href=format!("/nodes/{id}")><span data-testid="log-node">{host(&id)}</span></A>
                                 })}</td>
                                 <td>{e.axis.clone().unwrap_or_default()}</td>
-                                <td>{match (e.from.clone(), e.to.clone()) {
-                                    (None, None) => String::new(),
-                                    (from, to) => format!("{} → {}", from.unwrap_or_default(), to.unwrap_or_default()),
-                                }}</td>
+                                <td>{from_to(&e.type_, e.from.clone(), e.to.clone())}</td>
                                 <td>{e.actor.clone()}</td>
                                 <td>{e.cause.clone().unwrap_or_default()}</td>
                                 <td>{match (e.node_id.clone(), e.node_version) {
@@ -427,6 +470,16 @@ fn EventList(filter: Filter) -> impl IntoView {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_many_keys_change_says_how_many_were_set_changed_and_removed() {
+        assert_eq!(keys_changed(None, Some("a=1, b=2, c=3")), "labels: 3 set");
+        assert_eq!(
+            keys_changed(Some("a=1, b=2"), Some("b=3, c=4")),
+            "labels: 1 set, 1 changed, 1 removed"
+        );
+        assert_eq!(keys_changed(Some("a=1"), None), "labels: 1 removed");
+    }
 
     #[test]
     fn every_type_offered_is_one_the_schema_knows() {

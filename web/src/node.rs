@@ -479,10 +479,7 @@ fn NodeView(id: String, initial: Option<AsOf>) -> impl IntoView {
                                     <td class="nowrap">{since(&e.at)}</td>
                                     <td>{e.type_.clone()}</td>
                                     <td>{e.axis.clone().unwrap_or_default()}</td>
-                                    <td>{match (e.from.clone(), e.to.clone()) {
-                                        (None, None) => String::new(),
-                                        (from, to) => format!("{} → {}", from.unwrap_or_default(), to.unwrap_or_default()),
-                                    }}</td>
+                                    <td>{crate::events::from_to(&e.type_, e.from.clone(), e.to.clone())}</td>
                                     <td>{e.actor.clone()}</td>
                                     <td>{e.cause.clone().unwrap_or_default()}</td>
                                     <td>{version.map(|v| view! {
