@@ -439,13 +439,13 @@ fn EventList(filter: Filter) -> impl IntoView {
                             <tr data-testid="log-row" data-event=e.id.clone() data-type=e.type_.clone() data-node=e.node_id.clone().unwrap_or_default() data-actor=e.actor.clone()>
                                 <td class="nowrap">{since(&e.at)}</td>
                                 <td>{e.type_.clone()}</td>
-                                <td>{e.node_id.clone().map(|id| view! {
+                                <td class="breaks">{e.node_id.clone().map(|id| view! {
                                     <A href=format!("/nodes/{id}")><span data-testid="log-node">{host(&id)}</span></A>
                                 })}</td>
                                 <td>{e.axis.clone().unwrap_or_default()}</td>
                                 <td>{from_to(&e.type_, e.from.clone(), e.to.clone())}</td>
-                                <td>{e.actor.clone()}</td>
-                                <td>{e.cause.clone().unwrap_or_default()}</td>
+                                <td class="breaks">{e.actor.clone()}</td>
+                                <td class="breaks">{e.cause.clone().unwrap_or_default()}</td>
                                 <td>{match (e.node_id.clone(), e.node_version) {
                                     (Some(id), Some(v)) => Some(view! {
                                         <A href=format!("/nodes/{id}?version={v}")><span data-testid="log-as-of" title="The node right after this change">{format!("as of v{v}")}</span></A>

@@ -480,8 +480,8 @@ fn NodeView(id: String, initial: Option<AsOf>) -> impl IntoView {
                                     <td>{e.type_.clone()}</td>
                                     <td>{e.axis.clone().unwrap_or_default()}</td>
                                     <td>{crate::events::from_to(&e.type_, e.from.clone(), e.to.clone())}</td>
-                                    <td>{e.actor.clone()}</td>
-                                    <td>{e.cause.clone().unwrap_or_default()}</td>
+                                    <td class="breaks">{e.actor.clone()}</td>
+                                    <td class="breaks">{e.cause.clone().unwrap_or_default()}</td>
                                     <td>{version.map(|v| view! {
                                         <button class="link" data-testid="event-as-of" title="Show the node right after this change"
                                             on:click=move |_| pick.run(AsOf::Version(v))>{format!("v{v}")}</button>
