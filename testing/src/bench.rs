@@ -1224,10 +1224,11 @@ pub struct BringUp {
     /// [`BringUp::count_events`] has counted them. Each event is a row and its index entries
     /// that the database writes and the feed reads back, much of what a bring-up costs.
     pub events: Option<u64>,
-    /// When the fleet started and when every node was schedulable, by the wall clock the
-    /// server's event times use (both run on this machine): the span whose events
-    /// [`BringUp::count_events`] counts.
+    /// When the fleet started, by the wall clock the server's event times use (both run on
+    /// this machine): where the span [`BringUp::count_events`] counts begins (inclusive).
     pub started_at: chrono::DateTime<chrono::Utc>,
+    /// When every node was seen schedulable, by the same clock: where that span ends
+    /// (exclusive), so the window's own events are not counted.
     pub schedulable_at: chrono::DateTime<chrono::Utc>,
     pub timeline: Vec<BringUpSample>,
 }
