@@ -304,6 +304,34 @@ async fn a_gang_is_placed_whole_or_waits_with_an_explanation_until_capacity_free
     .await;
 }
 
+/// The largest gang the API accepts books every one of its atoms: 1,024 nodes of 64 GPUs are
+/// 65,536 bookings, more parameters than either backend binds to one statement.
+#[tokio::test]
+async fn the_largest_gang_books_every_atom() {
+    use bc_core::placement::{MAX_GPUS_PER_NODE, MAX_NODE_COUNT};
+    each_backend(async |s| {
+        let setup = setup(s).await;
+        let (count, gpus) = (MAX_NODE_COUNT, MAX_GPUS_PER_NODE);
+        schedulable_nodes(s, &setup, count as usize, gpus as usize).await;
+        let gang = reserve(
+            s,
+            &setup.token,
+            json!({ "poolId": setup.pool.to_string(), "gpusPerNode": gpus, "nodeCount": count }),
+        )
+        .await
+        .data()["createReservation"]["reservation"]["state"]
+            .clone();
+        assert_eq!(gang, "PLACED");
+        let cap = capacity(s, &setup.pool).await;
+        assert_eq!(
+            (cap["allocatedGpus"].as_u64(), cap["freeGpus"].as_u64()),
+            (Some(u64::from(count * gpus)), Some(0)),
+            "{cap:#}"
+        );
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn bad_shapes_foreign_pools_and_repeated_keys_get_typed_errors() {
     each_backend(async |s| {

@@ -13,7 +13,7 @@ use sea_orm::{
 };
 use std::collections::HashMap;
 
-use super::batch_shapes::one_of;
+use super::batch_shapes::{one_of, runs};
 
 fn corrupt(column: &str, value: &str) -> anyhow::Error {
     anyhow!("corrupt row: commands.{column} = `{value}`")
@@ -89,19 +89,17 @@ fn row(c: &Command) -> command::ActiveModel {
     }
 }
 
+/// Writes new commands: a statement per run of at most [`COMMAND_WRITE_RUN`] ([`runs`]), so
+/// that batches of every size (acceptance's, a `sendCommand` to many nodes) make a few SQL
+/// texts, not one per size, in each connection's prepared-statement cache.
 pub async fn insert(conn: &impl ConnectionTrait, commands: &[Command]) -> anyhow::Result<()> {
-    for chunk in commands.chunks(COMMANDS_PER_INSERT) {
-        command::Entity::insert_many(chunk.iter().map(row))
+    for run in runs(commands.iter().collect(), COMMAND_WRITE_RUN) {
+        command::Entity::insert_many(run.into_iter().map(row))
             .exec_without_returning(conn)
             .await?;
     }
     Ok(())
 }
-
-/// Commands per INSERT. A command row has 23 columns, and SQLite binds at most 32,766
-/// parameters per statement (PostgreSQL 65,535): one INSERT of a `sendCommand` to its
-/// 10,000-node limit would be refused.
-const COMMANDS_PER_INSERT: usize = 1_000;
 
 /// Writes `after` if the row still has `before_status` (a compare-and-set on the status, so
 /// of two racing changes, say a cancel and a result, exactly one wins). Returns whether it did.
@@ -120,7 +118,7 @@ pub async fn save(
 }
 
 /// Writes many commands at once, each as it is now: one upsert per run of rows
-/// ([`super::batch_shapes::runs`]), an update of many rows to different values in one
+/// ([`runs`]), an update of many rows to different values in one
 /// statement on both backends.
 ///
 /// This is the gateway's batched write, and unlike [`save`] it is no compare-and-set: the
@@ -132,7 +130,7 @@ pub async fn save(
 pub async fn save_many(conn: &impl ConnectionTrait, commands: &[&Command]) -> anyhow::Result<()> {
     use sea_orm::Iterable;
     use sea_orm::sea_query::OnConflict;
-    for run in super::batch_shapes::runs(commands.to_vec(), COMMAND_WRITE_RUN) {
+    for run in runs(commands.to_vec(), COMMAND_WRITE_RUN) {
         let upsert = OnConflict::column(command::Column::Id)
             .update_columns(command::Column::iter().filter(|c| !matches!(c, command::Column::Id)))
             .to_owned();
@@ -150,8 +148,10 @@ pub async fn save_many(conn: &impl ConnectionTrait, commands: &[&Command]) -> an
     Ok(())
 }
 
-/// Command rows per upsert of [`save_many`]: 23 columns each, far below both databases'
-/// bound-parameter limits, and a power of two ([`super::batch_shapes`]).
+/// Command rows per insert and per upsert of [`save_many`]: 23 columns each (5,888
+/// parameters), far below both databases' bound-parameter limits (SQLite 32,766), so a
+/// `sendCommand` to its 10,000-node limit is written in runs; a power of two
+/// ([`super::batch_shapes`]).
 const COMMAND_WRITE_RUN: usize = 256;
 
 pub async fn load(

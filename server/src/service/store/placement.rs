@@ -24,7 +24,7 @@ use sea_orm::{
 };
 use std::collections::{BTreeMap, HashMap};
 
-use super::batch_shapes::one_of;
+use super::batch_shapes::{one_of, runs};
 use super::schedule_sql;
 
 fn corrupt(table: &str, column: &str, value: &str) -> anyhow::Error {
@@ -326,19 +326,25 @@ pub async fn book(conn: &impl ConnectionTrait, allocations: &[Allocation]) -> an
     }
     let nodes: Vec<NodeId> = allocations.iter().map(|a| a.node_id.clone()).collect();
     lock_free_counts(conn, &nodes).await?;
-    allocation::Entity::insert_many(allocations.iter().map(|a| allocation::ActiveModel {
-        id: Set(a.id.to_string()),
-        reservation_id: Set(a.reservation_id.to_string()),
-        tenant_id: Set(a.tenant_id.to_string()),
-        pool_id: Set(a.pool_id.to_string()),
-        node_id: Set(a.node_id.to_string()),
-        atoms: Set(serde_json::to_value(&a.atoms).unwrap_or_default()),
-        booked_at: Set(a.booked_at),
-        released_at: Set(None),
-        release_reason: Set(None),
-    }))
-    .exec_without_returning(conn)
-    .await?;
+    let rows: Vec<allocation::ActiveModel> = allocations
+        .iter()
+        .map(|a| allocation::ActiveModel {
+            id: Set(a.id.to_string()),
+            reservation_id: Set(a.reservation_id.to_string()),
+            tenant_id: Set(a.tenant_id.to_string()),
+            pool_id: Set(a.pool_id.to_string()),
+            node_id: Set(a.node_id.to_string()),
+            atoms: Set(serde_json::to_value(&a.atoms).unwrap_or_default()),
+            booked_at: Set(a.booked_at),
+            released_at: Set(None),
+            release_reason: Set(None),
+        })
+        .collect();
+    for run in runs(rows, ALLOCATION_WRITE_RUN) {
+        allocation::Entity::insert_many(run)
+            .exec_without_returning(conn)
+            .await?;
+    }
     let bookings: Vec<atom_booking::ActiveModel> = allocations
         .iter()
         .flat_map(|a| {
@@ -349,11 +355,22 @@ pub async fn book(conn: &impl ConnectionTrait, allocations: &[Allocation]) -> an
             })
         })
         .collect();
-    atom_booking::Entity::insert_many(bookings)
-        .exec_without_returning(conn)
-        .await?;
+    for run in runs(bookings, BOOKING_WRITE_RUN) {
+        atom_booking::Entity::insert_many(run)
+            .exec_without_returning(conn)
+            .await?;
+    }
     recount_free_atoms(conn, &nodes).await
 }
+
+/// The most allocations one insert of [`book`] writes (a power of two: [`runs`]). An
+/// allocation binds 9 parameters; a reservation's gang is at most
+/// [`bc_core::placement::MAX_NODE_COUNT`] (1,024) allocations, one statement.
+const ALLOCATION_WRITE_RUN: usize = 1_024;
+/// The most atom bookings one insert of [`book`] writes. A booking binds 3 parameters, and a
+/// gang books up to 1,024 nodes × [`bc_core::placement::MAX_GPUS_PER_NODE`] (64) atoms:
+/// 196,608 parameters in one statement, past SQLite's 32,766 and PostgreSQL's 65,535.
+const BOOKING_WRITE_RUN: usize = 4_096;
 
 /// Ends allocations: sets `released_at` and the reason, and frees their atoms.
 pub async fn release_allocations(
