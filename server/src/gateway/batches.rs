@@ -1,17 +1,18 @@
 //! The gateway's per-node requests that a fleet coming up, or a failover's reconnecting
 //! daemons, send by the hundred a second (every connection's certificate check before its
 //! upgrade, every daemon's join, `hello`, `converged`, inventory report, command start and
-//! result, and every session's look at its commands) are handled in batches: whatever
-//! arrived while the last batch was being handled goes into the next, in a few statements
-//! that do not grow with it (`Services::check_identities`, a read) or one transaction
-//! (`Services::join_many`, `Services::open_sessions`, `Services::report_converged_many`,
-//! `Services::store_inventory_reports`, `Services::report_commands`,
-//! `Services::dispatch_many`), whose contended locks (a join token's row, the event order)
-//! are taken once for the batch. On SQLite every write is a round trip to the one writer
-//! that everything else waits on, and every statement one to the database's threads. On
-//! PostgreSQL, in the failover of BENCHMARKS.md's session 29, the certificate checks, a
-//! statement per connection, were about half of the 12,082 reads of `nodes`. A request that
-//! finds its task idle is handled at once, alone, so batching adds no wait of its own.
+//! result, every session's look at its commands, and every session's end) are handled in
+//! batches: whatever arrived while the last batch was being handled goes into the next, in a
+//! few statements that do not grow with it (`Services::check_identities`, a read) or one
+//! transaction (`Services::join_many`, `Services::open_sessions`,
+//! `Services::report_converged_many`, `Services::store_inventory_reports`,
+//! `Services::report_commands`, `Services::dispatch_many`, `Services::end_sessions`), whose
+//! contended locks (a join token's row, the event order) are taken once for the batch. On
+//! SQLite every write is a round trip to the one writer that everything else waits on, and
+//! every statement one to the database's threads. On PostgreSQL, in the failover of
+//! BENCHMARKS.md's session 29, the certificate checks, a statement per connection, were about
+//! half of the 12,082 reads of `nodes`. A request that finds its task idle is handled at
+//! once, alone, so batching adds no wait of its own.
 
 use bc_core::ids::NodeId;
 use futures::FutureExt;

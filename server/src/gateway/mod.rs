@@ -60,6 +60,8 @@ pub(crate) struct GatewayState {
     pub dispatches: Batches<DispatchLook, ApiResult<Dispatch>>,
     /// Daemons' `command.started` and `command.result`, written in batches.
     pub command_reports: Batches<CommandReport, ApiResult<Command>>,
+    /// Sessions' ends, each `(node, epoch)`, recorded in batches.
+    pub ends: Batches<(NodeId, i64), ApiResult<Vec<Command>>>,
     pub shutdown: watch::Receiver<bool>,
     pub session_tasks: SessionTasks,
 }
@@ -192,6 +194,15 @@ impl Gateway {
                 shutdown_rx.clone(),
             )
         };
+        let (ends, ends_task) = {
+            let services = services.clone();
+            Batches::start(
+                "gateway.session_end",
+                |(node, _): &(NodeId, i64)| Some(node),
+                move |batch| end_sessions(services.clone(), batch),
+                shutdown_rx.clone(),
+            )
+        };
         let session_tasks = SessionTasks::default();
         let state = GatewayState {
             heartbeats,
@@ -202,6 +213,7 @@ impl Gateway {
             inventories,
             dispatches,
             command_reports,
+            ends,
             services: services.clone(),
             gateway_id: gateway_id.clone(),
             heartbeat_interval,
@@ -246,6 +258,7 @@ impl Gateway {
                 inventories_task,
                 dispatches_task,
                 command_reports_task,
+                ends_task,
                 router,
             ],
             session_tasks,
@@ -404,6 +417,17 @@ async fn dispatch(services: Services, batch: Vec<DispatchLook>) -> Vec<ApiResult
             .into_iter()
             .map(Ok)
             .collect())
+    })
+    .await
+}
+
+/// One batch of sessions' ends ([`Services::end_sessions`]).
+async fn end_sessions(
+    services: Services,
+    batch: Vec<(NodeId, i64)>,
+) -> Vec<ApiResult<Vec<Command>>> {
+    handled("recording sessions' ends", &batch, |ended| {
+        services.end_sessions(ended)
     })
     .await
 }

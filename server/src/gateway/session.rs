@@ -245,17 +245,17 @@ async fn end(
         metrics::counter!("bc_gateway_session_ends_left_to_next_session_total").increment(1);
         return;
     }
-    match state.services.commands_session_lost(node_id, epoch).await {
-        Ok(requeued) if !requeued.is_empty() => {
+    match state.ends.submit((node_id.clone(), epoch)).await {
+        Some(Ok(requeued)) if !requeued.is_empty() => {
             tracing::info!(%node_id, epoch, commands = requeued.len(), "session ended with commands in flight; requeued or failed them");
         }
-        Ok(_) => {}
-        Err(err) => {
-            tracing::warn!(%node_id, epoch, code = err.code(), reason = %err.message(), "handling in-flight commands failed")
+        Some(Ok(_)) => {}
+        // The gateway began stopping meanwhile: as above, the next session or Liveness
+        // settles it.
+        None => {}
+        Some(Err(err)) => {
+            tracing::warn!(%node_id, epoch, code = err.code(), reason = %err.message(), "recording the session's end failed");
         }
-    }
-    if let Err(err) = state.services.close_session(node_id, epoch).await {
-        tracing::warn!(%node_id, epoch, code = err.code(), reason = %err.message(), "recording the session's end failed");
     }
 }
 
@@ -528,9 +528,15 @@ impl Live<'_> {
                 "inventory section `{section}` does not match its hash"
             ));
         }
+        // Held as text until stored (`ReportedSection`): serialised from the parsed value,
+        // so it is the canonical form the hash was checked on. The parsed value goes now,
+        // not when this handler's future ends (after it may have waited for the writer).
+        let text = content.to_string();
+        drop(content);
+        let content = text;
         // PostgreSQL's `jsonb` cannot hold a NUL character, and the report is stored in a
         // batch with other daemons' reports: refused here, it fails this session alone.
-        if content.to_string().contains("\\u0000") {
+        if content.contains("\\u0000") {
             return Next::violation(format!(
                 "inventory section `{section}` contains a NUL character"
             ));

@@ -575,38 +575,6 @@ impl Services {
         Ok(())
     }
 
-    /// The session of `epoch` ended: its dispatched and running commands are queued again for
-    /// the next session, or failed with the reason when resending is unsafe.
-    pub async fn commands_session_lost(
-        &self,
-        node_id: &NodeId,
-        epoch: i64,
-    ) -> ApiResult<Vec<Command>> {
-        let gateway = Actor::Controller("gateway".into());
-        let txn = self.store.write().await?;
-        // Locked up front in id order, as in `dispatch_many`.
-        let active = commands::of_node(
-            &*txn,
-            node_id,
-            &[CommandStatus::Dispatched, CommandStatus::Running],
-        )
-        .await?;
-        let now = self.clock.now();
-        let mut changed = Vec::new();
-        for mut command in active
-            .into_iter()
-            .filter(|c| c.session_epoch == Some(epoch))
-        {
-            let from = command.session_lost(now)?;
-            if commands::save(&*txn, from, &command).await? {
-                events::append_command(&txn, &command, Some(from), &gateway, now);
-                changed.push(command);
-            }
-        }
-        txn.commit().await?;
-        Ok(changed)
-    }
-
     /// The controller's pass: queued commands past their expiry expire; dispatched or running
     /// ones past their deadline time out. Returns the commands it ended.
     pub async fn end_overdue_commands(&self, limit: u64) -> ApiResult<Vec<Command>> {

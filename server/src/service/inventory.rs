@@ -19,12 +19,39 @@ use super::store::{WriteTxn, catalog, inventory, nodes};
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
 
-/// One inventory section as a daemon reported it (its hash already checked).
+/// One inventory section as a daemon reported it (its hash already checked), its content as
+/// JSON text. Reports wait in sessions and in the gateway's batches until the writer takes
+/// them, thousands at once while a fleet comes up, and a parsed `serde_json::Value` is many
+/// times the size of its text: held parsed, they were the largest part of the server's
+/// peak heap (BENCHMARKS.md, session 35). Each batch parses its own as it stores them.
 #[derive(Debug, Clone)]
 pub struct ReportedSection {
     pub section: String,
     pub hash: String,
-    pub content: serde_json::Value,
+    pub content: String,
+}
+
+/// A [`ReportedSection`] parsed, for the Inventory controller.
+struct ParsedSection {
+    section: String,
+    hash: String,
+    content: serde_json::Value,
+}
+
+impl ParsedSection {
+    fn parse(reported: &ReportedSection) -> ApiResult<ParsedSection> {
+        let content = serde_json::from_str(&reported.content).map_err(|err| {
+            ApiError::BadUserInput(format!(
+                "inventory section `{}` is not JSON: {err}",
+                reported.section
+            ))
+        })?;
+        Ok(ParsedSection {
+            section: reported.section.clone(),
+            hash: reported.hash.clone(),
+            content,
+        })
+    }
 }
 
 impl Services {
@@ -52,14 +79,17 @@ impl Services {
             .iter()
             .map(|(node_id, report)| {
                 let names: Vec<&str> = report.iter().map(|r| r.section.as_str()).collect();
-                InventoryRun {
+                Ok(InventoryRun {
                     cause: format!("inventory:{}", names.join(",")),
                     gpus_reported: report.iter().any(|r| r.section == "gpus"),
                     node_id: node_id.clone(),
-                    report: report.clone(),
-                }
+                    report: report
+                        .iter()
+                        .map(ParsedSection::parse)
+                        .collect::<ApiResult<_>>()?,
+                })
             })
-            .collect();
+            .collect::<ApiResult<_>>()?;
         let outcomes = self.inventory_controller_in(&txn, runs, now).await?;
         txn.commit().await?;
         Ok(outcomes.into_iter().map(|o| o.map(|_| ())).collect())
@@ -292,7 +322,7 @@ impl Services {
 /// re-evaluation), why (the events' cause), and whether a fresh `gpus` section came.
 struct InventoryRun {
     node_id: NodeId,
-    report: Vec<ReportedSection>,
+    report: Vec<ParsedSection>,
     cause: String,
     gpus_reported: bool,
 }

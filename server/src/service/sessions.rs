@@ -5,6 +5,7 @@
 use anyhow::anyhow;
 use bc_core::Actor;
 use bc_core::axes::Connectivity;
+use bc_core::command::{Command, CommandStatus};
 use bc_core::ids::NodeId;
 use bc_core::node::NodeRecord;
 use chrono::{DateTime, Utc};
@@ -12,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::Services;
 use super::node_changes::NodeChangeRequest;
-use super::store::{inventory, sessions};
+use super::store::{commands, events, inventory, sessions};
 use crate::error::{ApiError, ApiResult};
 use crate::pki::NodeIdentity;
 
@@ -119,47 +120,77 @@ impl Services {
             .collect())
     }
 
-    /// The session of `epoch` ended: if it was still the current one, the node becomes
-    /// `disconnected` in the same transaction.
-    pub async fn close_session(&self, node_id: &NodeId, epoch: i64) -> ApiResult<()> {
+    /// Sessions that ended (their daemons left, or the gateway closed them), recorded
+    /// together in one transaction, each `(node, epoch)` as if alone. The commands the
+    /// session had in flight are queued again for the next session, or failed with the
+    /// reason when resending is unsafe ([`Command::session_lost`]); and if it
+    /// was still the node's latest session, its row is closed and a connected node becomes
+    /// `disconnected` (one that Liveness already marked unreachable or lost stays so: the
+    /// session's end is old news, and moving it would restart the lost timer). Answers each
+    /// with the commands it requeued or failed.
+    ///
+    /// A network blip that drops every daemon at once ends thousands of sessions in a
+    /// second; one transaction each made every ending session wait for a pooled connection,
+    /// holding its future (about 20 KB) meanwhile.
+    pub async fn end_sessions(
+        &self,
+        ended: &[(NodeId, i64)],
+    ) -> ApiResult<Vec<ApiResult<Vec<Command>>>> {
         let gateway = Actor::Controller("gateway".into());
         let txn = self.store.write().await?;
         let now = self.clock.now();
-        // The node row before its session row (ARCHITECTURE.md, Invariants: lock order).
-        txn.lock_node(node_id).await?;
-        // Still the node's latest session: its end disconnects the node, even when the row
-        // was already closed (a revoked identity closes it in the revoking transaction).
-        let closed = sessions::close(&*txn, node_id, epoch, now).await?;
-        if closed || sessions::current_epoch(&*txn, node_id).await? == Some(epoch) {
-            let cause = format!("session:{epoch}");
-            let result = self
-                .change_node_in(
-                    &txn,
-                    &gateway,
-                    node_id,
-                    None,
-                    &|_| true,
-                    &cause,
-                    |n, by, now| {
-                        // Only a connected node becomes disconnected: if Liveness already
-                        // marked it unreachable or lost, the session's end is old news, and
-                        // moving it would restart the lost timer.
-                        Ok(match n.connectivity {
-                            Connectivity::Connected => {
-                                n.set_connectivity(Connectivity::Disconnected, by, now)
-                            }
-                            _ => Vec::new(),
-                        })
-                    },
-                )
-                .await;
-            match result {
+        let ids: Vec<NodeId> = ended.iter().map(|(id, _)| id.clone()).collect();
+        // Lock order (ARCHITECTURE.md, Invariants): node rows, session rows, command rows.
+        txn.lock_nodes(&ids).await?;
+        let latest = sessions::close_many(&*txn, ended, now).await?;
+        let mut in_flight = commands::of_nodes(
+            &*txn,
+            &ids,
+            &[CommandStatus::Dispatched, CommandStatus::Running],
+            true,
+        )
+        .await?;
+        let mut lost: Vec<Vec<Command>> = Vec::with_capacity(ended.len());
+        for (node_id, epoch) in ended {
+            let mut of_session = Vec::new();
+            for mut command in in_flight.remove(node_id).unwrap_or_default() {
+                if command.session_epoch == Some(*epoch) {
+                    let from = command.session_lost(now)?;
+                    events::append_command(&txn, &command, Some(from), &gateway, now);
+                    of_session.push(command);
+                }
+            }
+            lost.push(of_session);
+        }
+        let changed: Vec<&Command> = lost.iter().flatten().collect();
+        commands::save_many(&*txn, &changed).await?;
+        let disconnects = ended
+            .iter()
+            .filter(|(node_id, _)| latest.contains(node_id))
+            .map(|(node_id, epoch)| NodeChangeRequest {
+                id: node_id.clone(),
+                actor: gateway.clone(),
+                expected_version: None,
+                cause: format!("session:{epoch}"),
+                change: |n: &mut NodeRecord, by: &Actor, now: DateTime<Utc>| {
+                    Ok(match n.connectivity {
+                        Connectivity::Connected => {
+                            n.set_connectivity(Connectivity::Disconnected, by, now)
+                        }
+                        _ => Vec::new(),
+                    })
+                },
+            })
+            .collect();
+        for (_, outcome) in self.change_nodes_in(&txn, &|_| true, disconnects).await? {
+            match outcome {
+                // Deleted meanwhile: nothing to disconnect.
                 Ok(_) | Err(ApiError::NotFound(_)) => {}
                 Err(other) => return Err(other),
             }
         }
         txn.commit().await?;
-        Ok(())
+        Ok(lost.into_iter().map(Ok).collect())
     }
 
     /// Daemons converged their specs, each `(node, generation)`: the nodes'

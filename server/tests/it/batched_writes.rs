@@ -483,14 +483,14 @@ async fn inventory_reports_stored_together_refuse_a_malformed_one_whole() {
                 .map(|(section, content)| ReportedSection {
                     hash: hashes[&section].clone(),
                     section,
-                    content,
+                    content: content.to_string(),
                 })
                 .collect()
         };
         let mut malformed = report(2);
         for section in &mut malformed {
             if section.section == "gpus" {
-                section.content = json!({ "devices": "not a list" });
+                section.content = json!({ "devices": "not a list" }).to_string();
             }
         }
 
@@ -606,6 +606,116 @@ async fn command_events(s: &TestServer, node_record: &NodeRecord) -> Vec<(String
 
 fn ids(commands: &[Command]) -> Vec<CommandId> {
     commands.iter().map(|c| c.id.clone()).collect()
+}
+
+/// Sessions' ends recorded together: each requeues the commands its own session had in
+/// flight, and disconnects its node only if it was still the node's latest session; an end
+/// recorded twice changes nothing the second time.
+#[tokio::test]
+async fn session_ends_recorded_together_each_end_only_their_own_session() {
+    each_backend(async |s| {
+        let nodes = adopted_nodes(s, 3, |_| {}).await;
+        let (a, b, c) = (&nodes[0], &nodes[1], &nodes[2]);
+        let services = &s.server.services;
+        let open = |node: &NodeRecord| {
+            let hello = hello(node, 1, &[]);
+            async move {
+                services
+                    .open_sessions("gw-test", &[hello])
+                    .await
+                    .and_then(|mut answers| answers.remove(0))
+                    .unwrap_or_else(|err| panic!("opening a session: {}", err.message()))
+                    .epoch
+            }
+        };
+        let (a_epoch, b_epoch, c_first) = (open(a).await, open(b).await, open(c).await);
+        // `c` came back on a newer session before its first one's end was recorded.
+        let c_second = open(c).await;
+        assert!(c_second > c_first);
+        let diag = queued(s, a, CommandKind::DiagNvml).await;
+        services
+            .dispatch_many(&[DispatchLook {
+                node_id: a.id.clone(),
+                epoch: a_epoch,
+                in_flight: Vec::new(),
+                spec_sent: a.generation,
+            }])
+            .await
+            .unwrap_or_else(|err| panic!("dispatching: {}", err.message()));
+        assert_eq!(status_of(s, &diag.id).await, (CommandStatus::Dispatched, 1));
+
+        let ended = [
+            (a.id.clone(), a_epoch),
+            (b.id.clone(), b_epoch),
+            (c.id.clone(), c_first),
+        ];
+        let answers = services
+            .end_sessions(&ended)
+            .await
+            .unwrap_or_else(|err| panic!("the batch as a whole: {}", err.message()));
+        let requeued: Vec<Vec<CommandId>> = answers
+            .iter()
+            .map(|answer| ids(answer.as_ref().expect("each end is recorded")))
+            .collect();
+        assert_eq!(
+            requeued,
+            vec![vec![diag.id.clone()], Vec::new(), Vec::new()]
+        );
+        assert_eq!(status_of(s, &diag.id).await, (CommandStatus::Queued, 1));
+        let connectivity = |n: NodeRecord| n.connectivity;
+        assert_eq!(
+            (
+                connectivity(record(s, &a.id).await),
+                connectivity(record(s, &b.id).await),
+                connectivity(record(s, &c.id).await),
+            ),
+            (
+                Connectivity::Disconnected,
+                Connectivity::Disconnected,
+                Connectivity::Connected
+            )
+        );
+        let sessions = node_session::Entity::find()
+            .all(&s.database().await)
+            .await
+            .expect("reading the sessions");
+        let closed = |node: &NodeRecord| {
+            sessions
+                .iter()
+                .find(|row| row.node_id == node.id.to_string())
+                .map(|row| (row.epoch, row.disconnected_at.is_some()))
+        };
+        assert_eq!(
+            (closed(a), closed(b), closed(c)),
+            (
+                Some((a_epoch, true)),
+                Some((b_epoch, true)),
+                Some((c_second, false))
+            )
+        );
+
+        let versions = [
+            record(s, &a.id).await.version,
+            record(s, &b.id).await.version,
+        ];
+        let again = services
+            .end_sessions(&ended[..2])
+            .await
+            .unwrap_or_else(|err| panic!("the batch again: {}", err.message()));
+        assert!(
+            again
+                .iter()
+                .all(|answer| answer.as_ref().is_ok_and(Vec::is_empty))
+        );
+        assert_eq!(
+            [
+                record(s, &a.id).await.version,
+                record(s, &b.id).await.version
+            ],
+            versions
+        );
+    })
+    .await;
 }
 
 #[tokio::test]

@@ -513,7 +513,10 @@ async fn race(s: &TestServer, id: &str, step: SessionStep) {
                 SessionStep::Opens => open_session(&services, &identity, "gw-second")
                     .await
                     .map(|_| ()),
-                SessionStep::Closes => services.close_session(&identity.node_id, open.epoch).await,
+                SessionStep::Closes => services
+                    .end_sessions(&[(identity.node_id.clone(), open.epoch)])
+                    .await
+                    .map(|_| ()),
             }
         }
     });

@@ -13,7 +13,7 @@ use sea_orm::sea_query::{
 };
 use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 use std::collections::btree_map::Entry;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// The most sessions one statement of [`next_epochs`] reads or of [`open_many`] writes (a
 /// power of two: [`runs`]): each row binds six parameters, well inside both backends' limits
@@ -94,36 +94,62 @@ pub async fn open_many(
     Ok(())
 }
 
-/// Marks the session of `epoch` closed. Returns whether it was still the current session
-/// (a newer epoch may have replaced it, in which case nothing changes).
-pub async fn close(
+/// Of the sessions that ended, each `(node, epoch)`, those that are still their node's latest:
+/// their rows are closed where still open (a revoked identity closes the row in the revoking
+/// transaction, and the session's end comes after). Returns those nodes. The caller holds the
+/// nodes' locks ([`super::WriteTxn::lock_nodes`]), so no hello replaces a session meanwhile:
+/// a statement reads the epochs and one closes the rows, per [`OPEN_CHUNK`] nodes.
+pub async fn close_many(
     conn: &impl ConnectionTrait,
-    node_id: &NodeId,
-    epoch: i64,
+    ended: &[(NodeId, i64)],
     now: DateTime<Utc>,
-) -> anyhow::Result<bool> {
-    let result = node_session::Entity::update_many()
-        .col_expr(
-            node_session::Column::DisconnectedAt,
-            sea_orm::sea_query::Expr::val(now),
-        )
-        .filter(node_session::Column::NodeId.eq(node_id.to_string()))
-        .filter(node_session::Column::Epoch.eq(epoch))
-        .filter(node_session::Column::DisconnectedAt.is_null())
-        .exec(conn)
-        .await?;
-    Ok(result.rows_affected == 1)
-}
-
-/// The epoch of the node's latest session (open or closed), if it ever had one.
-pub async fn current_epoch(
-    conn: &impl ConnectionTrait,
-    node_id: &NodeId,
-) -> anyhow::Result<Option<i64>> {
-    Ok(node_session::Entity::find_by_id(node_id.to_string())
-        .one(conn)
-        .await?
-        .map(|s| s.epoch))
+) -> anyhow::Result<HashSet<NodeId>> {
+    let mut latest = HashSet::with_capacity(ended.len());
+    for chunk in ended.chunks(OPEN_CHUNK) {
+        let ids: Vec<String> = chunk.iter().map(|(id, _)| id.to_string()).collect();
+        let rows = node_session::Entity::find()
+            .select_only()
+            .column(node_session::Column::NodeId)
+            .column(node_session::Column::Epoch)
+            .column(node_session::Column::DisconnectedAt)
+            .filter(one_of(
+                Expr::col(node_session::Column::NodeId),
+                &ids,
+                conn.get_database_backend(),
+            ))
+            .into_tuple::<(String, i64, Option<DateTime<Utc>>)>()
+            .all(conn)
+            .await?;
+        let rows: HashMap<String, (i64, bool)> = rows
+            .into_iter()
+            .map(|(id, epoch, disconnected_at)| (id, (epoch, disconnected_at.is_some())))
+            .collect();
+        let mut open = Vec::new();
+        for (node_id, epoch) in chunk {
+            let key = node_id.to_string();
+            if let Some(&(current, closed)) = rows.get(&key)
+                && current == *epoch
+            {
+                latest.insert(node_id.clone());
+                if !closed {
+                    open.push(key);
+                }
+            }
+        }
+        if !open.is_empty() {
+            node_session::Entity::update_many()
+                .col_expr(node_session::Column::DisconnectedAt, Expr::val(now))
+                .filter(one_of(
+                    Expr::col(node_session::Column::NodeId),
+                    &open,
+                    conn.get_database_backend(),
+                ))
+                .filter(node_session::Column::DisconnectedAt.is_null())
+                .exec(conn)
+                .await?;
+        }
+    }
+    Ok(latest)
 }
 
 /// How many heartbeats one statement reads or writes (a power of two: [`runs`]), and how many
