@@ -35,8 +35,8 @@ use bc_core::ids::NodeId;
 use bc_core::protocol::{IssuedIdentity, JoinRequest};
 pub use heartbeats::HeartbeatWriter;
 
-/// How long a shutting-down gateway waits for its sessions to say goodbye and record their
-/// end (commands requeued, the node `disconnected`).
+/// How long a shutting-down gateway waits for its sessions to say goodbye and end (a
+/// stopping gateway leaves their ends to the next session or Liveness: `session::end`).
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// What the gateway's handlers share.
@@ -99,8 +99,8 @@ pub struct Gateway {
     shutdown: watch::Sender<bool>,
     task: JoinHandle<()>,
     /// The heartbeat writer, the certificate check, join, hello, convergence, inventory,
-    /// dispatch and command report batches and the command router, which stop with
-    /// `shutdown`.
+    /// dispatch, command report and session end batches and the command router, which stop
+    /// with `shutdown`.
     background: Vec<JoinHandle<()>>,
     session_tasks: SessionTasks,
     services: Services,
@@ -266,9 +266,10 @@ impl Gateway {
         })
     }
 
-    /// Stops accepting, tells every session goodbye, and waits (briefly) for them to end and
-    /// record their end, and for the last heartbeats to be written: after this the database
-    /// pool may close without failing a write of the gateway's.
+    /// Stops accepting, tells every session goodbye, and waits (briefly) for them to end (a
+    /// session that ended before the stop may still be writing its end), and for the last
+    /// heartbeats to be written: after this the database pool may close without failing a
+    /// write of the gateway's.
     pub async fn shutdown(self) {
         let _ = self.shutdown.send(true);
         self.services

@@ -155,8 +155,9 @@ pub(super) async fn run(state: GatewayState, identity: NodeIdentity, socket: Web
         Err(()) => None,
         Ok(()) => follow(&state, &identity, &opened, &mut sink, &mut stream, &inbox).await,
     };
-    // Boxed: ending a session reaches storage, whose futures are large, and inline they
-    // would make every open session's future that much larger for as long as it runs.
+    // Boxed: ending a session waits for its close frame to go out and for its batch to be
+    // written, and inline those futures would make every open session's future that much
+    // larger for as long as it runs.
     attributed(
         "gateway.session_end",
         Box::pin(end(&state, &node_id, epoch, ending, &mut sink)),
@@ -235,9 +236,9 @@ async fn end(
         metrics::counter!("bc_gateway_sessions_closed_total", "by" => "daemon").increment(1);
     }
     state.services.sessions.unregister(node_id, epoch);
-    // A gateway that is stopping records no session's end. With 10,000 sessions those ends
-    // were 20,000 write transactions, which kept a stopping server busy for more than 15 s.
-    // Nothing is lost: the daemon reconnects (to another replica, or to this server once it is
+    // A gateway that is stopping records no session's end: it would keep a stopping server
+    // writing (10,000 sessions' ends, one transaction each, once kept it busy for more than
+    // 15 s), and the batch task that records them stops with the gateway. Nothing is lost: the daemon reconnects (to another replica, or to this server once it is
     // back), and its next session redelivers the commands this one had in flight
     // (`dispatch_many` treats an older epoch's as lost) and finds the node connected; a
     // daemon that never comes back is found by Liveness, as after a crash.
@@ -250,8 +251,8 @@ async fn end(
             tracing::info!(%node_id, epoch, commands = requeued.len(), "session ended with commands in flight; requeued or failed them");
         }
         Some(Ok(_)) => {}
-        // The gateway began stopping meanwhile: as above, the next session or Liveness
-        // settles it.
+        // The gateway began stopping meanwhile, or the batch panicked (logged where it is
+        // handled): as above, the next session or Liveness settles it.
         None => {}
         Some(Err(err)) => {
             tracing::warn!(%node_id, epoch, code = err.code(), reason = %err.message(), "recording the session's end failed");
@@ -368,6 +369,9 @@ impl Live<'_> {
             Ok(message) => message,
             Err(err) => return Next::Close(rejected(&err)),
         };
+        // The frame's bytes are not needed past here, and the handler may wait for the
+        // writer (an inventory section is held as text already: `ReportedSection`).
+        drop(text);
         // A report ends where another kind of frame begins: store it first, so what follows
         // (a command's result after its `inventory.refresh`) is handled after it, as sent.
         if !matches!(message, DaemonMessage::Inventory { .. })

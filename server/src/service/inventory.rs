@@ -39,10 +39,12 @@ struct ParsedSection {
 }
 
 impl ParsedSection {
+    /// The gateway wrote the text from a parsed value, so a failure here is the server's own
+    /// fault, not the daemon's.
     fn parse(reported: &ReportedSection) -> ApiResult<ParsedSection> {
         let content = serde_json::from_str(&reported.content).map_err(|err| {
-            ApiError::BadUserInput(format!(
-                "inventory section `{}` is not JSON: {err}",
+            ApiError::Internal(anyhow::anyhow!(
+                "inventory section `{}` held as text is not JSON: {err}",
                 reported.section
             ))
         })?;
@@ -69,13 +71,8 @@ impl Services {
         if reports.iter().all(|(_, report)| report.is_empty()) {
             return Ok(reports.iter().map(|_| Ok(())).collect());
         }
-        let txn = self.store.write().await?;
-        let now = self.clock.now();
-        // The node rows before their inventory rows (ARCHITECTURE.md, Invariants: lock
-        // order), since the controller changes the nodes below.
-        let ids: Vec<NodeId> = reports.iter().map(|(id, _)| id.clone()).collect();
-        txn.lock_nodes(&ids).await?;
-        let runs = reports
+        // Parsed before the writer is taken, one batch at a time.
+        let runs: Vec<InventoryRun> = reports
             .iter()
             .map(|(node_id, report)| {
                 let names: Vec<&str> = report.iter().map(|r| r.section.as_str()).collect();
@@ -90,6 +87,12 @@ impl Services {
                 })
             })
             .collect::<ApiResult<_>>()?;
+        let txn = self.store.write().await?;
+        let now = self.clock.now();
+        // The node rows before their inventory rows (ARCHITECTURE.md, Invariants: lock
+        // order), since the controller changes the nodes below.
+        let ids: Vec<NodeId> = reports.iter().map(|(id, _)| id.clone()).collect();
+        txn.lock_nodes(&ids).await?;
         let outcomes = self.inventory_controller_in(&txn, runs, now).await?;
         txn.commit().await?;
         Ok(outcomes.into_iter().map(|o| o.map(|_| ())).collect())

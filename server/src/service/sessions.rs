@@ -136,10 +136,17 @@ impl Services {
         &self,
         ended: &[(NodeId, i64)],
     ) -> ApiResult<Vec<ApiResult<Vec<Command>>>> {
+        let ids: Vec<NodeId> = ended.iter().map(|(id, _)| id.clone()).collect();
+        // A node's commands and disconnect are decided once per batch (`Batches` holds each
+        // node once).
+        if ids.iter().collect::<BTreeSet<_>>().len() != ids.len() {
+            return Err(ApiError::Internal(anyhow!(
+                "a batch of session ends named a node twice"
+            )));
+        }
         let gateway = Actor::Controller("gateway".into());
         let txn = self.store.write().await?;
         let now = self.clock.now();
-        let ids: Vec<NodeId> = ended.iter().map(|(id, _)| id.clone()).collect();
         // Lock order (ARCHITECTURE.md, Invariants): node rows, session rows, command rows.
         txn.lock_nodes(&ids).await?;
         let latest = sessions::close_many(&*txn, ended, now).await?;

@@ -632,17 +632,25 @@ async fn session_ends_recorded_together_each_end_only_their_own_session() {
         // `c` came back on a newer session before its first one's end was recorded.
         let c_second = open(c).await;
         assert!(c_second > c_first);
+        // A command in flight in `a`'s session, and one in `c`'s newer session, which the
+        // end of `c`'s first session leaves alone.
         let diag = queued(s, a, CommandKind::DiagNvml).await;
+        let c_logs = queued(s, c, CommandKind::LogsCollect).await;
+        let look = |node: &NodeRecord, epoch: i64| DispatchLook {
+            node_id: node.id.clone(),
+            epoch,
+            in_flight: Vec::new(),
+            spec_sent: node.generation,
+        };
         services
-            .dispatch_many(&[DispatchLook {
-                node_id: a.id.clone(),
-                epoch: a_epoch,
-                in_flight: Vec::new(),
-                spec_sent: a.generation,
-            }])
+            .dispatch_many(&[look(a, a_epoch), look(c, c_second)])
             .await
             .unwrap_or_else(|err| panic!("dispatching: {}", err.message()));
         assert_eq!(status_of(s, &diag.id).await, (CommandStatus::Dispatched, 1));
+        assert_eq!(
+            status_of(s, &c_logs.id).await,
+            (CommandStatus::Dispatched, 1)
+        );
 
         let ended = [
             (a.id.clone(), a_epoch),
@@ -662,6 +670,10 @@ async fn session_ends_recorded_together_each_end_only_their_own_session() {
             vec![vec![diag.id.clone()], Vec::new(), Vec::new()]
         );
         assert_eq!(status_of(s, &diag.id).await, (CommandStatus::Queued, 1));
+        assert_eq!(
+            status_of(s, &c_logs.id).await,
+            (CommandStatus::Dispatched, 1)
+        );
         let connectivity = |n: NodeRecord| n.connectivity;
         assert_eq!(
             (

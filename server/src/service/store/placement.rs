@@ -367,9 +367,10 @@ pub async fn book(conn: &impl ConnectionTrait, allocations: &[Allocation]) -> an
 /// allocation binds 9 parameters; a reservation's gang is at most
 /// [`bc_core::placement::MAX_NODE_COUNT`] (1,024) allocations, one statement.
 const ALLOCATION_WRITE_RUN: usize = 1_024;
-/// The most atom bookings one insert of [`book`] writes. A booking binds 3 parameters, and a
-/// gang books up to 1,024 nodes × [`bc_core::placement::MAX_GPUS_PER_NODE`] (64) atoms:
-/// 196,608 parameters in one statement, past SQLite's 32,766 and PostgreSQL's 65,535.
+/// The most atom bookings one insert of [`book`] writes (a power of two: [`runs`]): 12,288
+/// parameters, 3 a booking. A gang books up to 1,024 nodes ×
+/// [`bc_core::placement::MAX_GPUS_PER_NODE`] (64) atoms, which in one statement would bind
+/// 196,608, past SQLite's 32,766 and PostgreSQL's 65,535.
 const BOOKING_WRITE_RUN: usize = 4_096;
 
 /// Ends allocations: sets `released_at` and the reason, and frees their atoms.

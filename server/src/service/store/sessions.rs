@@ -15,9 +15,9 @@ use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-/// The most sessions one statement of [`next_epochs`] reads or of [`open_many`] writes (a
-/// power of two: [`runs`]): each row binds six parameters, well inside both backends' limits
-/// (SQLite 32,766).
+/// The most sessions one statement of [`next_epochs`] or [`close_many`] reads or of
+/// [`open_many`] writes (a power of two: [`runs`]): each row binds six parameters, well inside
+/// both backends' limits (SQLite 32,766).
 const OPEN_CHUNK: usize = 1_024;
 
 /// The epoch each node's next session gets: one more than its latest (open or closed), or 1
@@ -94,20 +94,24 @@ pub async fn open_many(
     Ok(())
 }
 
-/// Of the sessions that ended, each `(node, epoch)`, those that are still their node's latest:
-/// their rows are closed where still open (a revoked identity closes the row in the revoking
-/// transaction, and the session's end comes after). Returns those nodes. The caller holds the
-/// nodes' locks ([`super::WriteTxn::lock_nodes`]), so no hello replaces a session meanwhile:
-/// a statement reads the epochs and one closes the rows, per [`OPEN_CHUNK`] nodes.
+/// Of the sessions that ended, each `(node, epoch)` with each node once, those that are still
+/// their node's latest: their rows are closed where still open (a revoked identity closes the
+/// row in the revoking transaction, and the session's end comes after). Returns those nodes.
+/// The caller holds the nodes' locks ([`super::WriteTxn::lock_nodes`]), so no hello replaces
+/// a session meanwhile. Per [`OPEN_CHUNK`] nodes, in node id order, one statement reads the
+/// rows, locking them in that order (lock order: a heartbeat batch locks the same rows in the
+/// same order), and one closes them.
 pub async fn close_many(
     conn: &impl ConnectionTrait,
     ended: &[(NodeId, i64)],
     now: DateTime<Utc>,
 ) -> anyhow::Result<HashSet<NodeId>> {
+    let mut ended: Vec<&(NodeId, i64)> = ended.iter().collect();
+    ended.sort_by(|(a, _), (b, _)| a.cmp(b));
     let mut latest = HashSet::with_capacity(ended.len());
     for chunk in ended.chunks(OPEN_CHUNK) {
         let ids: Vec<String> = chunk.iter().map(|(id, _)| id.to_string()).collect();
-        let rows = node_session::Entity::find()
+        let select = node_session::Entity::find()
             .select_only()
             .column(node_session::Column::NodeId)
             .column(node_session::Column::Epoch)
@@ -117,6 +121,8 @@ pub async fn close_many(
                 &ids,
                 conn.get_database_backend(),
             ))
+            .order_by_asc(node_session::Column::NodeId);
+        let rows = super::lock_for_update(select, conn)
             .into_tuple::<(String, i64, Option<DateTime<Utc>>)>()
             .all(conn)
             .await?;
