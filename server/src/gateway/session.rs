@@ -238,10 +238,11 @@ async fn end(
     state.services.sessions.unregister(node_id, epoch);
     // A gateway that is stopping records no session's end: it would keep a stopping server
     // writing (10,000 sessions' ends, one transaction each, once kept it busy for more than
-    // 15 s), and the batch task that records them stops with the gateway. Nothing is lost: the daemon reconnects (to another replica, or to this server once it is
-    // back), and its next session redelivers the commands this one had in flight
-    // (`dispatch_many` treats an older epoch's as lost) and finds the node connected; a
-    // daemon that never comes back is found by Liveness, as after a crash.
+    // 15 s), and the batch task that records them stops with the gateway. Nothing is lost:
+    // the daemon reconnects (to another replica, or to this server once it is back), and its
+    // next session redelivers the commands this one had in flight (`dispatch_many` treats an
+    // older epoch's as lost) and finds the node connected; a daemon that never comes back is
+    // found by Liveness, as after a crash.
     if *state.shutdown.borrow() {
         metrics::counter!("bc_gateway_session_ends_left_to_next_session_total").increment(1);
         return;
