@@ -221,11 +221,44 @@ impl DaemonMessage {
 /// sorted, no insignificant whitespace), so equal content always hashes equal whatever order
 /// the daemon wrote it in.
 pub fn section_hash(content: &serde_json::Value) -> String {
+    canonical_section(content).hash
+}
+
+/// An inventory section's canonical JSON text and its hash ([`section_hash`]), made by one
+/// serialisation: the gateway checks a daemon's hash and then keeps the very text it hashed.
+pub fn canonical_section(content: &serde_json::Value) -> CanonicalSection {
     use sha2::{Digest, Sha256};
     // serde_json's map is ordered by key (the `preserve_order` feature is off), so
-    // serialising a `Value` is canonical.
-    let canonical = serde_json::to_vec(content).unwrap_or_default();
-    hex::encode(Sha256::digest(&canonical))
+    // serialising a `Value` is canonical. It cannot fail: a `Value`'s keys are strings.
+    let text = content.to_string();
+    let hash = hex::encode(Sha256::digest(text.as_bytes()));
+    CanonicalSection { text, hash }
+}
+
+/// Whether a string or key anywhere in `value` holds a NUL character, which PostgreSQL's
+/// `jsonb` cannot store. Asked of the parsed value, not of its text: a string holding a
+/// backslash and then `u0000` (six characters, none of them NUL) is written `\\u0000`, which
+/// contains a NUL's escape `\u0000`. (serde_json stops parsing at 128 levels of nesting, so
+/// this recursion is bounded.)
+pub fn holds_nul(value: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match value {
+        Value::String(text) => text.contains('\0'),
+        Value::Array(items) => items.iter().any(holds_nul),
+        Value::Object(fields) => fields
+            .iter()
+            .any(|(key, field)| key.contains('\0') || holds_nul(field)),
+        Value::Null | Value::Bool(_) | Value::Number(_) => false,
+    }
+}
+
+/// What [`canonical_section`] makes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CanonicalSection {
+    /// The section as canonical JSON.
+    pub text: String,
+    /// SHA-256 (hex) of `text`.
+    pub hash: String,
 }
 
 /// Gateway → daemon.
@@ -291,6 +324,52 @@ pub mod close {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A NUL anywhere in a section (a string, a key, deep down) is found in the parsed value;
+    /// text that only looks like a NUL's escape is not one.
+    #[test]
+    fn a_nul_is_found_in_strings_and_keys_and_nowhere_else() {
+        let parse = |text: &str| -> serde_json::Value {
+            serde_json::from_str(text).unwrap_or_else(|err| panic!("{text}: {err}"))
+        };
+        // JSON text, in raw strings: `\u0000` is JSON's escape of a NUL, `\\u0000` a
+        // backslash and then `u0000`.
+        for (text, holds) in [
+            (r#"{"model":"epyc"}"#, false),
+            (r#"{"model":"epyc \\u0000"}"#, false),
+            (r#"{"model \\u0000":"epyc"}"#, false),
+            (r#"{"model":"epyc \u0000"}"#, true),
+            (r#"{"model \u0000":1}"#, true),
+            (
+                r#"{"gpus":[{"uuid":"GPU-1"},{"serial":["x","\u0000"]}]}"#,
+                true,
+            ),
+            (r#"[1, true, null, 2.5, "\u0000"]"#, true),
+        ] {
+            assert_eq!(holds_nul(&parse(text)), holds, "{text}");
+        }
+    }
+
+    /// The canonical text is what the hash is taken over, and parses back to the value.
+    #[test]
+    fn a_canonical_section_is_the_text_its_hash_is_of() {
+        use sha2::{Digest, Sha256};
+        let content: serde_json::Value =
+            serde_json::from_str(r#"{ "b": [1, "\\u0000"], "a": {"y": 2.5, "x": null} }"#)
+                .expect("json");
+        let canonical = canonical_section(&content);
+        assert_eq!(
+            canonical.text,
+            r#"{"a":{"x":null,"y":2.5},"b":[1,"\\u0000"]}"#
+        );
+        assert_eq!(canonical.hash, section_hash(&content));
+        assert_eq!(
+            canonical.hash,
+            hex::encode(Sha256::digest(canonical.text.as_bytes()))
+        );
+        let reparsed: serde_json::Value = serde_json::from_str(&canonical.text).expect("json");
+        assert_eq!(reparsed, content);
+    }
 
     #[test]
     fn messages_have_a_stable_wire_form() {

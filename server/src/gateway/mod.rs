@@ -427,8 +427,13 @@ async fn end_sessions(
     services: Services,
     batch: Vec<(NodeId, i64)>,
 ) -> Vec<ApiResult<Vec<Command>>> {
-    handled("recording sessions' ends", &batch, |ended| {
-        services.end_sessions(ended)
+    handled("recording sessions' ends", &batch, |ended| async {
+        Ok(services
+            .end_sessions(ended)
+            .await?
+            .into_iter()
+            .map(Ok)
+            .collect())
     })
     .await
 }

@@ -9,7 +9,8 @@
 
 use axum::extract::ws::{CloseFrame, Message, WebSocket, close_code};
 use bc_core::protocol::{
-    DaemonMessage, FrameError, GatewayMessage, INVENTORY_SECTIONS, NodeSpec, section_hash,
+    CanonicalSection, DaemonMessage, FrameError, GatewayMessage, INVENTORY_SECTIONS, NodeSpec,
+    canonical_section, holds_nul,
 };
 use futures::stream::{SplitSink, SplitStream};
 use futures::{SinkExt, StreamExt};
@@ -268,7 +269,8 @@ struct Desk {
     in_flight: HashSet<CommandId>,
     /// Commands the daemon was told to stop, whose late results are expected and ignored.
     stopped: HashSet<CommandId>,
-    /// The `inventory.refresh` commands sent in this session.
+    /// The `inventory.refresh` commands of `in_flight`: while there is one, the daemon may
+    /// send any section.
     refreshes: HashSet<CommandId>,
     /// The spec generation the daemon was last sent (in `welcome`, then in `spec`).
     spec_sent: i64,
@@ -462,6 +464,8 @@ impl Live<'_> {
         if !self.desk.in_flight.remove(&id) && !self.desk.stopped.remove(&id) {
             return Next::violation(format!("command `{id}` was not sent in this session"));
         }
+        // A refresh's sections came before its result and were stored then (`on_frame`).
+        self.desk.refreshes.remove(&id);
         let progress = CommandProgress::Finished {
             outcome,
             exit_code,
@@ -519,33 +523,33 @@ impl Live<'_> {
     ) -> Next {
         // Sections asked for in `welcome`, or any section while an
         // `inventory.refresh` runs (that is what it is for).
-        let refreshing = self
-            .desk
-            .in_flight
-            .iter()
-            .any(|id| self.desk.refreshes.contains(id));
+        let refreshing = !self.desk.refreshes.is_empty();
         let known = INVENTORY_SECTIONS.contains(&section.as_str());
         if !(self.wanted.contains(&section) || refreshing && known) {
             return Next::violation(format!("inventory section `{section}` was not asked for"));
         }
-        if section_hash(&content) != hash {
+        // Held as text until stored (`ReportedSection`): the very text the hash is checked on.
+        let CanonicalSection {
+            text,
+            hash: computed,
+        } = canonical_section(&content);
+        if computed != hash {
             return Next::violation(format!(
                 "inventory section `{section}` does not match its hash"
             ));
         }
-        // Held as text until stored (`ReportedSection`): serialised from the parsed value,
-        // so it is the canonical form the hash was checked on. The parsed value goes now,
-        // not when this handler's future ends (after it may have waited for the writer).
-        let text = content.to_string();
-        drop(content);
-        let content = text;
+        drop(computed);
         // PostgreSQL's `jsonb` cannot hold a NUL character, and the report is stored in a
         // batch with other daemons' reports: refused here, it fails this session alone.
-        if content.contains("\\u0000") {
+        if holds_nul(&content) {
             return Next::violation(format!(
                 "inventory section `{section}` contains a NUL character"
             ));
         }
+        // The parsed value goes now, not when this handler's future ends (after it may have
+        // waited for the writer).
+        drop(content);
+        let content = text;
         if let Some(awaited) = &mut self.desk.awaited {
             awaited.remove(&section);
         }
@@ -616,6 +620,7 @@ impl Live<'_> {
         // timed out) or is gone; its late result is then expected, not a violation.
         for id in dispatch.stop {
             self.desk.in_flight.remove(&id);
+            self.desk.refreshes.remove(&id);
             send(self.sink, &GatewayMessage::Cancel { id: id.to_string() })
                 .await
                 .map_err(|()| Ending::gone())?;

@@ -553,6 +553,40 @@ impl Services {
             .collect())
     }
 
+    /// The commands that sessions which ended had in flight, each `(node, epoch)` with each
+    /// node once, in `txn` ([`Services::end_sessions`]): queued again for the node's next
+    /// session, or failed with the reason when resending is unsafe
+    /// ([`Command::session_lost`]). A command dispatched to another session of the node (a
+    /// newer one) is left alone; each change's event names `by`. Answers each end with the
+    /// commands it changed. The caller has locked the nodes and their session rows; the
+    /// commands are locked here, after them (ARCHITECTURE.md, Invariants: lock order).
+    pub(super) async fn lose_sessions_commands_in(
+        &self,
+        txn: &WriteTxn,
+        ended: &[(NodeId, i64)],
+        by: &Actor,
+        now: DateTime<Utc>,
+    ) -> ApiResult<Vec<Vec<Command>>> {
+        let ids: Vec<NodeId> = ended.iter().map(|(id, _)| id.clone()).collect();
+        let in_flight = &[CommandStatus::Dispatched, CommandStatus::Running];
+        let mut in_flight = commands::of_nodes(&**txn, &ids, in_flight, true).await?;
+        let mut changed: Vec<CommandChange> = Vec::new();
+        let mut lost: Vec<Vec<Command>> = Vec::with_capacity(ended.len());
+        for (node_id, epoch) in ended {
+            let mut of_session = Vec::new();
+            for mut command in in_flight.remove(node_id).unwrap_or_default() {
+                if command.session_epoch == Some(*epoch) {
+                    let from = command.session_lost(now)?;
+                    changed.push(CommandChange::new(from, &command, by));
+                    of_session.push(command);
+                }
+            }
+            lost.push(of_session);
+        }
+        self.write_command_changes(txn, &changed, now).await?;
+        Ok(lost)
+    }
+
     /// Writes the commands changed in `txn`, in the order changed, with one event per change:
     /// every command's last state once, in one batched write ([`commands::save_many`]; the
     /// caller read them locked).

@@ -5,7 +5,7 @@
 use anyhow::anyhow;
 use bc_core::Actor;
 use bc_core::axes::Connectivity;
-use bc_core::command::{Command, CommandStatus};
+use bc_core::command::Command;
 use bc_core::ids::NodeId;
 use bc_core::node::NodeRecord;
 use chrono::{DateTime, Utc};
@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::Services;
 use super::node_changes::NodeChangeRequest;
-use super::store::{commands, events, inventory, sessions};
+use super::store::{inventory, sessions};
 use crate::error::{ApiError, ApiResult};
 use crate::pki::NodeIdentity;
 
@@ -123,19 +123,16 @@ impl Services {
     /// Sessions that ended (their daemons left, or the gateway closed them), recorded
     /// together in one transaction, each `(node, epoch)` as if alone. The commands the
     /// session had in flight are queued again for the next session, or failed with the
-    /// reason when resending is unsafe ([`Command::session_lost`]); and if it
-    /// was still the node's latest session, its row is closed and a connected node becomes
-    /// `disconnected` (one that Liveness already marked unreachable or lost stays so: the
-    /// session's end is old news, and moving it would restart the lost timer). Answers each
-    /// with the commands it requeued or failed.
+    /// reason when resending is unsafe ([`Services::lose_sessions_commands_in`]); and if it
+    /// was still the node's latest session, its row is closed (unless a revoke closed it
+    /// first) and a connected node becomes `disconnected` (one that Liveness already marked
+    /// unreachable or lost stays so: the session's end is old news, and moving it would
+    /// restart the lost timer). Answers each end with the commands it requeued or failed.
     ///
     /// A network blip that drops every daemon at once ends thousands of sessions in a
     /// second; one transaction each made every ending session wait for a pooled connection,
     /// holding its future (about 20 KB) meanwhile.
-    pub async fn end_sessions(
-        &self,
-        ended: &[(NodeId, i64)],
-    ) -> ApiResult<Vec<ApiResult<Vec<Command>>>> {
+    pub async fn end_sessions(&self, ended: &[(NodeId, i64)]) -> ApiResult<Vec<Vec<Command>>> {
         let ids: Vec<NodeId> = ended.iter().map(|(id, _)| id.clone()).collect();
         // A node's commands and disconnect are decided once per batch (`Batches` holds each
         // node once).
@@ -150,27 +147,9 @@ impl Services {
         // Lock order (ARCHITECTURE.md, Invariants): node rows, session rows, command rows.
         txn.lock_nodes(&ids).await?;
         let latest = sessions::close_many(&*txn, ended, now).await?;
-        let mut in_flight = commands::of_nodes(
-            &*txn,
-            &ids,
-            &[CommandStatus::Dispatched, CommandStatus::Running],
-            true,
-        )
-        .await?;
-        let mut lost: Vec<Vec<Command>> = Vec::with_capacity(ended.len());
-        for (node_id, epoch) in ended {
-            let mut of_session = Vec::new();
-            for mut command in in_flight.remove(node_id).unwrap_or_default() {
-                if command.session_epoch == Some(*epoch) {
-                    let from = command.session_lost(now)?;
-                    events::append_command(&txn, &command, Some(from), &gateway, now);
-                    of_session.push(command);
-                }
-            }
-            lost.push(of_session);
-        }
-        let changed: Vec<&Command> = lost.iter().flatten().collect();
-        commands::save_many(&*txn, &changed).await?;
+        let lost = self
+            .lose_sessions_commands_in(&txn, ended, &gateway, now)
+            .await?;
         let disconnects = ended
             .iter()
             .filter(|(node_id, _)| latest.contains(node_id))
@@ -197,7 +176,7 @@ impl Services {
             }
         }
         txn.commit().await?;
-        Ok(lost.into_iter().map(Ok).collect())
+        Ok(lost)
     }
 
     /// Daemons converged their specs, each `(node, generation)`: the nodes'

@@ -609,13 +609,14 @@ fn ids(commands: &[Command]) -> Vec<CommandId> {
 }
 
 /// Sessions' ends recorded together: each requeues the commands its own session had in
-/// flight, and disconnects its node only if it was still the node's latest session; an end
-/// recorded twice changes nothing the second time.
+/// flight, and disconnects its node only if it was still the node's latest session, also when
+/// a revoke of the node's identity closed the session's row first; an end recorded twice
+/// changes nothing the second time.
 #[tokio::test]
 async fn session_ends_recorded_together_each_end_only_their_own_session() {
     each_backend(async |s| {
-        let nodes = adopted_nodes(s, 3, |_| {}).await;
-        let (a, b, c) = (&nodes[0], &nodes[1], &nodes[2]);
+        let nodes = adopted_nodes(s, 4, |_| {}).await;
+        let (a, b, c, revoked) = (&nodes[0], &nodes[1], &nodes[2], &nodes[3]);
         let services = &s.server.services;
         let open = |node: &NodeRecord| {
             let hello = hello(node, 1, &[]);
@@ -629,13 +630,16 @@ async fn session_ends_recorded_together_each_end_only_their_own_session() {
             }
         };
         let (a_epoch, b_epoch, c_first) = (open(a).await, open(b).await, open(c).await);
+        let revoked_epoch = open(revoked).await;
         // `c` came back on a newer session before its first one's end was recorded.
         let c_second = open(c).await;
         assert!(c_second > c_first);
-        // A command in flight in `a`'s session, and one in `c`'s newer session, which the
-        // end of `c`'s first session leaves alone.
+        // A command in flight in `a`'s session, one in `c`'s newer session, which the end of
+        // `c`'s first session leaves alone, and one in the session of the node whose
+        // identity is revoked next.
         let diag = queued(s, a, CommandKind::DiagNvml).await;
         let c_logs = queued(s, c, CommandKind::LogsCollect).await;
+        let revoked_logs = queued(s, revoked, CommandKind::LogsCollect).await;
         let look = |node: &NodeRecord, epoch: i64| DispatchLook {
             node_id: node.id.clone(),
             epoch,
@@ -643,49 +647,82 @@ async fn session_ends_recorded_together_each_end_only_their_own_session() {
             spec_sent: node.generation,
         };
         services
-            .dispatch_many(&[look(a, a_epoch), look(c, c_second)])
+            .dispatch_many(&[
+                look(a, a_epoch),
+                look(c, c_second),
+                look(revoked, revoked_epoch),
+            ])
             .await
             .unwrap_or_else(|err| panic!("dispatching: {}", err.message()));
-        assert_eq!(status_of(s, &diag.id).await, (CommandStatus::Dispatched, 1));
-        assert_eq!(
-            status_of(s, &c_logs.id).await,
-            (CommandStatus::Dispatched, 1)
-        );
+        for command in [&diag, &c_logs, &revoked_logs] {
+            assert_eq!(
+                status_of(s, &command.id).await,
+                (CommandStatus::Dispatched, 1)
+            );
+        }
+        // The revoke closes the node's session row in its own transaction; the gateway
+        // records the session's end after it.
+        let revoked_at = now(s);
+        let revoke = NodeChangeRequest {
+            id: revoked.id.clone(),
+            actor: Actor::Controller("batch-test".into()),
+            expected_version: None,
+            cause: "test:revoke".to_owned(),
+            change: |n: &mut NodeRecord, _: &Actor, _: DateTime<Utc>| {
+                n.revoke_identity("key leaked")
+            },
+        };
+        let outcome = services
+            .apply_node_changes(vec![revoke])
+            .await
+            .unwrap_or_else(|err| panic!("revoking: {}", err.message()))
+            .remove(0)
+            .1;
+        assert!(outcome.is_ok(), "the revoke is written");
+        s.clock.advance(chrono::Duration::seconds(5));
+        let ended_at = now(s);
 
         let ended = [
             (a.id.clone(), a_epoch),
             (b.id.clone(), b_epoch),
             (c.id.clone(), c_first),
+            (revoked.id.clone(), revoked_epoch),
         ];
         let answers = services
             .end_sessions(&ended)
             .await
             .unwrap_or_else(|err| panic!("the batch as a whole: {}", err.message()));
-        let requeued: Vec<Vec<CommandId>> = answers
-            .iter()
-            .map(|answer| ids(answer.as_ref().expect("each end is recorded")))
-            .collect();
+        let requeued: Vec<Vec<CommandId>> = answers.iter().map(|lost| ids(lost)).collect();
         assert_eq!(
             requeued,
-            vec![vec![diag.id.clone()], Vec::new(), Vec::new()]
+            vec![
+                vec![diag.id.clone()],
+                Vec::new(),
+                Vec::new(),
+                vec![revoked_logs.id.clone()]
+            ]
         );
         assert_eq!(status_of(s, &diag.id).await, (CommandStatus::Queued, 1));
+        assert_eq!(
+            status_of(s, &revoked_logs.id).await,
+            (CommandStatus::Queued, 1)
+        );
         assert_eq!(
             status_of(s, &c_logs.id).await,
             (CommandStatus::Dispatched, 1)
         );
-        let connectivity = |n: NodeRecord| n.connectivity;
+        let mut connectivity = Vec::new();
+        for node in &nodes {
+            connectivity.push(record(s, &node.id).await.connectivity);
+        }
         assert_eq!(
-            (
-                connectivity(record(s, &a.id).await),
-                connectivity(record(s, &b.id).await),
-                connectivity(record(s, &c.id).await),
-            ),
-            (
+            connectivity,
+            vec![
                 Connectivity::Disconnected,
                 Connectivity::Disconnected,
-                Connectivity::Connected
-            )
+                Connectivity::Connected,
+                Connectivity::Disconnected,
+            ]
         );
         let sessions = node_session::Entity::find()
             .all(&s.database().await)
@@ -695,15 +732,17 @@ async fn session_ends_recorded_together_each_end_only_their_own_session() {
             sessions
                 .iter()
                 .find(|row| row.node_id == node.id.to_string())
-                .map(|row| (row.epoch, row.disconnected_at.is_some()))
+                .map(|row| (row.epoch, row.disconnected_at))
         };
+        // The revoked node's row keeps the revoke's time.
         assert_eq!(
-            (closed(a), closed(b), closed(c)),
-            (
-                Some((a_epoch, true)),
-                Some((b_epoch, true)),
-                Some((c_second, false))
-            )
+            nodes.iter().map(closed).collect::<Vec<_>>(),
+            vec![
+                Some((a_epoch, Some(ended_at))),
+                Some((b_epoch, Some(ended_at))),
+                Some((c_second, None)),
+                Some((revoked_epoch, Some(revoked_at))),
+            ]
         );
 
         let versions = [
@@ -714,11 +753,7 @@ async fn session_ends_recorded_together_each_end_only_their_own_session() {
             .end_sessions(&ended[..2])
             .await
             .unwrap_or_else(|err| panic!("the batch again: {}", err.message()));
-        assert!(
-            again
-                .iter()
-                .all(|answer| answer.as_ref().is_ok_and(Vec::is_empty))
-        );
+        assert!(again.iter().all(Vec::is_empty));
         assert_eq!(
             [
                 record(s, &a.id).await.version,

@@ -12,6 +12,7 @@ use bc_testing::each_backend;
 use better_compute::pki::NodeCsr;
 use futures::{SinkExt, StreamExt};
 use serde_json::{Value, json};
+use std::collections::BTreeMap;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
@@ -67,13 +68,15 @@ async fn a_daemon_joins_connects_heartbeats_and_disconnects() {
         let version = connected["version"].clone();
 
         // Heartbeats, and inventory sections that carry no node facts, never change the
-        // node's version.
-        let content = json!({"count": 8});
+        // node's version. A backslash and then `u0000` is text like any other (no NUL): the
+        // section is stored, so the reconnect below is asked for none.
+        let content = json!({"count": 8, "note": "epyc \\u0000"});
+        let stored_hash = section_hash(&content);
         send(
             &mut ws,
             &DaemonMessage::Inventory {
                 section: "cpu".into(),
-                hash: section_hash(&content),
+                hash: stored_hash.clone(),
                 content,
             },
         )
@@ -97,7 +100,12 @@ async fn a_daemon_joins_connects_heartbeats_and_disconnects() {
         let mut ws = connect(s, &issued.certificate_pem, machine.key_der())
             .await
             .unwrap();
-        send(&mut ws, &hello(0)).await;
+        let hello_again = DaemonMessage::Hello {
+            daemon_version: "test".into(),
+            inventory_hashes: BTreeMap::from([("cpu".into(), stored_hash)]),
+            observed_generation: 0,
+        };
+        send(&mut ws, &hello_again).await;
         let GatewayMessage::Welcome {
             epoch,
             want_sections,

@@ -21,9 +21,9 @@
 //! one of those rows, so the mark waits for it, then leaves that node alone and marks the
 //! rest of its batch.
 //!
-//! A hello batch writes its session rows in node id order, whatever order its hellos came
-//! in, so a heartbeat batch (step 5 alone, in node id order) on the same nodes waits for it
-//! or it for the heartbeats, never both.
+//! A hello batch, and a batch of sessions' ends, write their session rows in node id order,
+//! whatever order their requests came in, so a heartbeat batch (step 5 alone, in node id
+//! order) on the same nodes waits for it or it for the heartbeats, never both.
 //!
 //! An enrolment of a machine (`enrollNode`) races the join of that machine's daemon. With the
 //! identifiers the daemon reports, both lock the machine's hardware key (step 1), so the later
@@ -310,31 +310,47 @@ async fn a_heartbeat_not_yet_committed_keeps_its_node_from_being_marked_unreacha
     s.stop().await;
 }
 
-/// A hello batch and a heartbeat batch on the same two nodes (a replica still flushing the
-/// beats of sessions whose daemons have said hello to another): the heartbeats lock the
-/// session rows in node id order, and the hellos, which arrived in the other order, must
-/// write them in node id order too. The test holds the first node's session row so that:
+/// Which of the gateway's batches that write session rows races a heartbeat batch.
+#[derive(Debug, Clone, Copy)]
+enum SessionBatch {
+    /// Daemons' hellos, on another replica (each node's second session).
+    Hellos,
+    /// The sessions' ends (their daemons left).
+    Ends,
+}
+
+/// A batch that writes session rows and a heartbeat batch on the same two nodes (a replica
+/// still flushing the beats of sessions whose daemons have said hello to another, or whose
+/// daemons have left). The test holds the first node's session row so that:
 ///
 /// - the heartbeat batch waits for it, holding nothing;
-/// - the hello batch locks the nodes, then waits for the first session row as well;
+/// - the other batch locks the nodes, then waits for the first session row as well;
 /// - the test lets the row go, and both batches commit.
 ///
-/// A hello batch that wrote the session rows in its hellos' order took the second node's
-/// row before waiting for the first; the heartbeats, given the first, then waited for the
+/// A batch that wrote the session rows in its requests' order took the second node's row
+/// before waiting for the first; the heartbeats, given the first, then waited for the
 /// second: `deadlock detected`, one batch `INTERNAL`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hello_batch_and_a_heartbeat_batch_on_the_same_nodes_do_not_deadlock() {
+async fn a_session_batch_and_a_heartbeat_batch_on_the_same_nodes_do_not_deadlock() {
     let Some(s) = postgres_server().await else {
         return;
     };
+    for batch in [SessionBatch::Hellos, SessionBatch::Ends] {
+        session_batch_against_heartbeats(&s, batch).await;
+    }
+    s.stop().await;
+}
+
+async fn session_batch_against_heartbeats(s: &TestServer, batch: SessionBatch) {
     let services = s.server.services.clone();
     let (site, pool) = s.site_and_pool(8).await;
-    let mut identities =
-        connected_nodes(&s, &site, &pool, &["hello-a", "hello-b"], "gw-leaving").await;
+    let names = [format!("{batch:?}-a"), format!("{batch:?}-b")];
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let mut identities = connected_nodes(s, &site, &pool, &names, "gw-leaving").await;
     identities.sort_by(|a, b| a.0.node_id.cmp(&b.0.node_id));
     let first = identities[0].0.node_id.clone();
 
-    let conns = TestConnections::open(&s).await;
+    let conns = TestConnections::open(s).await;
     let held = conns.holder.begin().await.expect("a transaction");
     held.execute_unprepared(&format!(
         "SELECT 1 FROM node_sessions WHERE node_id = '{first}' FOR UPDATE"
@@ -353,41 +369,60 @@ async fn a_hello_batch_and_a_heartbeat_batch_on_the_same_nodes_do_not_deadlock()
     });
     s.wait_for_lock_waiters(&conns.watcher, "true", 1).await;
 
-    // 2. The hellos, in the other order, on another replica.
-    let hellos: Vec<Hello> = identities
-        .iter()
-        .rev()
-        .map(|(identity, _)| Hello {
-            identity: identity.clone(),
-            inventory_hashes: BTreeMap::new(),
-            observed_generation: 0,
-        })
-        .collect();
-    let hello = tokio::spawn({
+    // 2. The other batch, naming the nodes in the other order.
+    let reversed: Vec<(NodeIdentity, i64)> = identities.iter().rev().cloned().collect();
+    let written = tokio::spawn({
         let services = services.clone();
-        async move { services.open_sessions("gw-joining", &hellos).await }
+        async move {
+            match batch {
+                SessionBatch::Hellos => {
+                    let hellos: Vec<Hello> = reversed
+                        .iter()
+                        .map(|(identity, _)| Hello {
+                            identity: identity.clone(),
+                            inventory_hashes: BTreeMap::new(),
+                            observed_generation: 0,
+                        })
+                        .collect();
+                    let opened = services.open_sessions("gw-joining", &hellos).await?;
+                    for answer in opened {
+                        assert_eq!(answer?.epoch, 2, "each node's second session");
+                    }
+                }
+                SessionBatch::Ends => {
+                    let ended: Vec<(NodeId, i64)> = reversed
+                        .iter()
+                        .map(|(identity, epoch)| (identity.node_id.clone(), *epoch))
+                        .collect();
+                    services.end_sessions(&ended).await?;
+                }
+            }
+            Ok::<_, ApiError>(())
+        }
     });
     s.wait_for_lock_waiters(&conns.watcher, "true", 2).await;
 
     // 3. The row goes; both batches commit.
     held.commit().await.expect("letting the row go");
     let beaten = heartbeats.await.expect("the heartbeats");
-    assert!(
-        beaten.is_ok(),
-        "the heartbeats: {}",
-        beaten
-            .err()
-            .map(|e| internal_detail(&e))
-            .unwrap_or_default()
-    );
-    let opened = hello.await.expect("the hellos");
-    let opened = opened.unwrap_or_else(|e| panic!("the hellos: {}", internal_detail(&e)));
-    for answer in opened {
-        let answer = answer.unwrap_or_else(|e| panic!("a hello: {}", e.message()));
-        assert_eq!(answer.epoch, 2, "each node's second session");
+    if let Err(e) = beaten {
+        panic!("{batch:?}: the heartbeats: {}", internal_detail(&e));
+    }
+    let written = written.await.expect("the session batch");
+    if let Err(e) = written {
+        panic!("{batch:?}: the session batch: {}", internal_detail(&e));
+    }
+    if let SessionBatch::Ends = batch {
+        for (identity, _) in &identities {
+            let node = services
+                .node_record(&identity.node_id)
+                .await
+                .unwrap_or_else(|e| panic!("reading the node: {}", e.message()))
+                .expect("the node");
+            assert_eq!(node.connectivity, Connectivity::Disconnected, "{batch:?}");
+        }
     }
     conns.close().await;
-    s.stop().await;
 }
 
 /// A test server on PostgreSQL with its controllers stopped, so that nothing but the test's
