@@ -43,6 +43,27 @@ fn padded<T: Clone>(values: &[T]) -> Vec<T> {
     padded
 }
 
+/// The most parameters one multi-row write binds; [`longest_run`] makes each writer's run
+/// length from it.
+///
+/// A database connection keeps what its largest statements needed for as long as it lives:
+/// sqlx's PostgreSQL connection keeps its write buffer at the size of the largest message it
+/// sent, and its statement cache keeps each statement shape it prepared with a type for
+/// every parameter (SQLite's, the compiled program). With runs of up to about 10,000
+/// parameters (1,024 events, 256 nodes, 1,024 child rows), a 10,000-node bring-up on
+/// PostgreSQL left 35 MB of prepared statements and 38 MB of write buffers in the pool at
+/// rest, 7 KB a node, most of it from the events written at commit (up to 1.8 MB a message
+/// with their JSON: heaptrack, BENCHMARKS.md, session 36). A bring-up's batch still takes a
+/// few statements per table, not one per row. Both backends' limits are far above it
+/// (SQLite 32,766, PostgreSQL 65,535).
+pub const MOST_PARAMETERS_PER_WRITE: usize = 2_048;
+
+/// The longest run ([`runs`]) of rows that bind `parameters_per_row` each: the largest power
+/// of two of them that binds at most [`MOST_PARAMETERS_PER_WRITE`].
+pub const fn longest_run(parameters_per_row: usize) -> usize {
+    1 << (MOST_PARAMETERS_PER_WRITE / parameters_per_row).ilog2()
+}
+
 /// `rows` in order, as runs of `largest` rows (a power of two) and then one run for each bit
 /// of what remains, longest first.
 pub fn runs<T>(rows: Vec<T>, largest: usize) -> Vec<Vec<T>> {
@@ -92,6 +113,28 @@ mod tests {
         assert_eq!(padded(&[1, 2, 3]), vec![1, 2, 3, 3]);
         assert_eq!(padded(&[1, 2, 3, 4]), vec![1, 2, 3, 4]);
         assert_eq!(padded(&[1, 2, 3, 4, 5]).len(), 8);
+    }
+
+    #[test]
+    fn the_longest_run_is_the_largest_power_of_two_within_the_parameter_bound() {
+        use super::{MOST_PARAMETERS_PER_WRITE, longest_run};
+        for (parameters_per_row, longest) in [
+            (1, 2_048),
+            (2, 1_024),
+            (3, 512),
+            (10, 128),
+            (11, 128),
+            (23, 64),
+            (41, 32),
+        ] {
+            assert_eq!(
+                longest_run(parameters_per_row),
+                longest,
+                "{parameters_per_row}"
+            );
+            assert!(longest * parameters_per_row <= MOST_PARAMETERS_PER_WRITE);
+            assert!(2 * longest * parameters_per_row > MOST_PARAMETERS_PER_WRITE);
+        }
     }
 
     #[test]

@@ -13,7 +13,7 @@ use sea_orm::{
 };
 use std::collections::HashMap;
 
-use super::batch_shapes::{one_of, runs};
+use super::batch_shapes::{longest_run, one_of, runs};
 
 fn corrupt(column: &str, value: &str) -> anyhow::Error {
     anyhow!("corrupt row: commands.{column} = `{value}`")
@@ -148,11 +148,9 @@ pub async fn save_many(conn: &impl ConnectionTrait, commands: &[&Command]) -> an
     Ok(())
 }
 
-/// Command rows per insert and per upsert of [`save_many`]: 23 columns each (5,888
-/// parameters), far below both databases' bound-parameter limits (SQLite 32,766), so a
-/// `sendCommand` to its 10,000-node limit is written in runs; a power of two
-/// ([`super::batch_shapes`]).
-const COMMAND_WRITE_RUN: usize = 256;
+/// Command rows per insert and per upsert of [`save_many`]: 23 parameters each
+/// ([`longest_run`]), so a `sendCommand` to its 10,000-node limit is written in runs.
+const COMMAND_WRITE_RUN: usize = longest_run(23);
 
 pub async fn load(
     conn: &impl ConnectionTrait,

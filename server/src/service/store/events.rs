@@ -15,7 +15,7 @@ use sea_orm::{
     QuerySelect,
 };
 
-use super::batch_shapes::one_of;
+use super::batch_shapes::{longest_run, one_of};
 use super::rows::recorded_event;
 use super::{Store, WriteTxn};
 
@@ -25,10 +25,9 @@ use super::{Store, WriteTxn};
 pub use bc_migration::{EVENT_ORDER_LOCK, NOTIFY_CHANNEL};
 /// How long to wait before re-opening a dropped LISTEN connection.
 const LISTEN_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
-/// The most events one INSERT writes when a transaction writes its events (a power of two:
-/// `batch_shapes`; PostgreSQL takes at most 65,535 parameters per statement, and an event has
-/// ten).
-const EVENTS_PER_INSERT: usize = 1_024;
+/// The most events one INSERT writes when a transaction writes its events: an event binds 11
+/// parameters ([`longest_run`]).
+const EVENTS_PER_INSERT: usize = longest_run(11);
 
 /// Writes a transaction's events, in the order they were appended. [`WriteTxn::commit`]
 /// calls it just before `COMMIT`.

@@ -1,7 +1,7 @@
 //! Inventory: the sections a daemon reported (`node_inventory_sections`, by hash) and the
 //! devices the Inventory controller derived from them (`node_devices`).
 
-use super::batch_shapes::{one_of, runs};
+use super::batch_shapes::{longest_run, one_of, runs};
 use bc_core::health::{Device, GPU_DEVICE_KIND};
 use bc_core::ids::NodeId;
 use bc_entity::{node_device, node_inventory_section};
@@ -51,8 +51,11 @@ pub async fn hashes_of(
 /// With 1,024 rows a statement, a run of inventory sections (about 2 KB of JSON each) was a
 /// 1.9 MB message, and at 10,000 nodes on PostgreSQL the pool's 14 connections held 26.9 MB
 /// of write buffers and 39.9 MB of prepared statements' metadata (`heaptrack`, BENCHMARKS.md).
-/// 128 rows still make a few statements of a bring-up's batch, not one per node.
+/// 128 rows still make a few statements of a bring-up's batch, not one per node. Bounded by
+/// the bytes of a section's JSON more than by its 5 parameters; a device row binds 11, within
+/// [`longest_run`] too.
 const ROWS_PER_INSERT: usize = 128;
+const _: () = assert!(ROWS_PER_INSERT <= longest_run(11));
 
 /// One inventory section as stored: the node, the section's name, its hash and content.
 pub struct SectionRow {

@@ -17,7 +17,7 @@ use sea_orm::{
 };
 use std::collections::HashMap;
 
-use super::batch_shapes::{one_of, runs};
+use super::batch_shapes::{longest_run, one_of, runs};
 use super::node_filter::NodeFilter;
 use super::rows::{self, NodeChildren};
 
@@ -541,12 +541,12 @@ pub async fn insert_many(conn: &impl ConnectionTrait, nodes: &[NodeRecord]) -> a
     write_children(conn, &writes).await
 }
 
-/// The most nodes one statement of [`save_many`] writes (a power of two: [`runs`]): a node row
-/// binds 41 parameters, and SQLite binds at most 32,766 to a statement.
-const NODE_WRITE_RUN: usize = 256;
+/// The most nodes one statement of [`save_many`] writes: a node row binds 41 parameters
+/// ([`longest_run`]).
+const NODE_WRITE_RUN: usize = longest_run(41);
 /// The most child rows one insert of [`write_children`] writes: a condition row, the widest,
 /// binds 10 parameters.
-const CHILD_WRITE_RUN: usize = 1_024;
+const CHILD_WRITE_RUN: usize = longest_run(10);
 
 /// Writes changed nodes over the rows they were loaded from, each `(as loaded, changed)`,
 /// with their child rows: a statement per run of at most [`NODE_WRITE_RUN`] nodes and two per child

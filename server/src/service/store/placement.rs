@@ -24,7 +24,7 @@ use sea_orm::{
 };
 use std::collections::{BTreeMap, HashMap};
 
-use super::batch_shapes::{one_of, runs};
+use super::batch_shapes::{longest_run, one_of, runs};
 use super::schedule_sql;
 
 fn corrupt(table: &str, column: &str, value: &str) -> anyhow::Error {
@@ -363,15 +363,15 @@ pub async fn book(conn: &impl ConnectionTrait, allocations: &[Allocation]) -> an
     recount_free_atoms(conn, &nodes).await
 }
 
-/// The most allocations one insert of [`book`] writes (a power of two: [`runs`]). An
-/// allocation binds 9 parameters; a reservation's gang is at most
-/// [`bc_core::placement::MAX_NODE_COUNT`] (1,024) allocations, one statement.
-const ALLOCATION_WRITE_RUN: usize = 1_024;
-/// The most atom bookings one insert of [`book`] writes (a power of two: [`runs`]): 12,288
-/// parameters, 3 a booking. A gang books up to 1,024 nodes ×
+/// The most allocations one insert of [`book`] writes: an allocation binds 9 parameters
+/// ([`longest_run`]), and a reservation's gang is at most
+/// [`bc_core::placement::MAX_NODE_COUNT`] (1,024) allocations.
+const ALLOCATION_WRITE_RUN: usize = longest_run(9);
+/// The most atom bookings one insert of [`book`] writes: 3 parameters a booking
+/// ([`longest_run`]). A gang books up to 1,024 nodes ×
 /// [`bc_core::placement::MAX_GPUS_PER_NODE`] (64) atoms, which in one statement would bind
 /// 196,608, past SQLite's 32,766 and PostgreSQL's 65,535.
-const BOOKING_WRITE_RUN: usize = 4_096;
+const BOOKING_WRITE_RUN: usize = longest_run(3);
 
 /// Ends allocations: sets `released_at` and the reason, and frees their atoms.
 pub async fn release_allocations(

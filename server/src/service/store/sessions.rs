@@ -2,7 +2,7 @@
 //! the gateway that holds it and `lastSeen`. Heartbeats write here, never to the node row, so
 //! they never bump the node's `version`.
 
-use super::batch_shapes::{one_of, runs};
+use super::batch_shapes::{longest_run, one_of, runs};
 use bc_core::ids::NodeId;
 use bc_core::node::Session;
 use bc_entity::node_session;
@@ -15,10 +15,12 @@ use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-/// The most sessions one statement of [`next_epochs`] or [`close_many`] reads or of
-/// [`open_many`] writes (a power of two: [`runs`]): each row binds six parameters, well inside
-/// both backends' limits (SQLite 32,766).
+/// The most sessions one statement of [`next_epochs`] or [`close_many`] reads (one array
+/// parameter on PostgreSQL, an `IN` list on SQLite: [`one_of`]).
 const OPEN_CHUNK: usize = 1_024;
+/// The most sessions one statement of [`open_many`] writes: a row binds six parameters
+/// ([`longest_run`]).
+const OPEN_WRITE_RUN: usize = longest_run(6);
 
 /// The epoch each node's next session gets: one more than its latest (open or closed), or 1
 /// for a node that never had one. The caller holds the nodes' locks
@@ -51,7 +53,7 @@ pub async fn next_epochs(
 }
 
 /// Opens sessions, each `(node, epoch)` from [`next_epochs`], held by `gateway_id` and
-/// connected now: a statement per run of at most [`OPEN_CHUNK`] nodes, in node id order.
+/// connected now: a statement per run of at most [`OPEN_WRITE_RUN`] nodes, in node id order.
 ///
 /// An upsert locks the existing rows in the order of its `VALUES`, so the order is the lock
 /// order's (step 5): a heartbeat batch, which locks the session rows it updates in node id
@@ -65,7 +67,7 @@ pub async fn open_many(
 ) -> anyhow::Result<()> {
     let mut opens = opens.to_vec();
     opens.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-    for run in runs(opens, OPEN_CHUNK) {
+    for run in runs(opens, OPEN_WRITE_RUN) {
         let rows = run
             .iter()
             .map(|(node_id, epoch)| node_session::ActiveModel {
