@@ -159,12 +159,13 @@ impl Services {
             .map_or_else(|| Err(not_found(id)), |(_, outcome)| outcome)
     }
 
-    /// [`Services::change_node_in`] for many nodes, at a cost in statements that does not
-    /// grow with the batch: the nodes are loaded (locked, in id order) together, each request
-    /// is decided in memory, and the changed nodes are written together
-    /// ([`nodes::save_many`]). On SQLite each statement is a round trip to the database's
-    /// thread while every other writer waits, so a batch of a hundred nodes costs about what
-    /// one did.
+    /// [`Services::change_node_in`] for many nodes, at a cost in statements that grows with
+    /// the batch by runs of rows, not by nodes: the nodes are loaded (locked, in id order)
+    /// together, each request is decided in memory, and the changed nodes are written
+    /// together ([`nodes::save_many`]: 32 node rows a statement, and each child table's rows
+    /// and the events in runs of their own). On SQLite each statement is a round trip to the
+    /// database's thread while every other writer waits, so a batch of a hundred nodes costs a
+    /// few statements more than one did, not a hundred times as many.
     ///
     /// A request refused before anything of it was written (`NOT_FOUND`, `CONFLICT`, a
     /// domain rule) is answered with its error and the rest go on; an error after writing

@@ -13,7 +13,7 @@ use sea_orm::{
 };
 use std::collections::HashMap;
 
-use super::batch_shapes::{longest_run, one_of, runs};
+use super::batch_shapes::{one_of, runs_of};
 
 fn corrupt(column: &str, value: &str) -> anyhow::Error {
     anyhow!("corrupt row: commands.{column} = `{value}`")
@@ -89,11 +89,11 @@ fn row(c: &Command) -> command::ActiveModel {
     }
 }
 
-/// Writes new commands: a statement per run of at most [`COMMAND_WRITE_RUN`] ([`runs`]), so
-/// that batches of every size (acceptance's, a `sendCommand` to many nodes) make a few SQL
+/// Writes new commands: a statement per run of them ([`runs_of`]), so that batches of every
+/// size (acceptance's, a `sendCommand` to many nodes) make a few SQL
 /// texts, not one per size, in each connection's prepared-statement cache.
 pub async fn insert(conn: &impl ConnectionTrait, commands: &[Command]) -> anyhow::Result<()> {
-    for run in runs(commands.iter().collect(), COMMAND_WRITE_RUN) {
+    for run in runs_of::<command::Entity, _>(commands.iter().collect()) {
         command::Entity::insert_many(run.into_iter().map(row))
             .exec_without_returning(conn)
             .await?;
@@ -130,7 +130,7 @@ pub async fn save(
 pub async fn save_many(conn: &impl ConnectionTrait, commands: &[&Command]) -> anyhow::Result<()> {
     use sea_orm::Iterable;
     use sea_orm::sea_query::OnConflict;
-    for run in runs(commands.to_vec(), COMMAND_WRITE_RUN) {
+    for run in runs_of::<command::Entity, _>(commands.to_vec()) {
         let upsert = OnConflict::column(command::Column::Id)
             .update_columns(command::Column::iter().filter(|c| !matches!(c, command::Column::Id)))
             .to_owned();
@@ -147,10 +147,6 @@ pub async fn save_many(conn: &impl ConnectionTrait, commands: &[&Command]) -> an
     }
     Ok(())
 }
-
-/// Command rows per insert and per upsert of [`save_many`]: 23 parameters each
-/// ([`longest_run`]), so a `sendCommand` to its 10,000-node limit is written in runs.
-const COMMAND_WRITE_RUN: usize = longest_run(23);
 
 pub async fn load(
     conn: &impl ConnectionTrait,

@@ -15,7 +15,7 @@ use sea_orm::{
     QuerySelect,
 };
 
-use super::batch_shapes::{longest_run, one_of};
+use super::batch_shapes::{one_of, runs_of};
 use super::rows::recorded_event;
 use super::{Store, WriteTxn};
 
@@ -25,9 +25,6 @@ use super::{Store, WriteTxn};
 pub use bc_migration::{EVENT_ORDER_LOCK, NOTIFY_CHANNEL};
 /// How long to wait before re-opening a dropped LISTEN connection.
 const LISTEN_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
-/// The most events one INSERT writes when a transaction writes its events: an event binds 11
-/// parameters ([`longest_run`]).
-const EVENTS_PER_INSERT: usize = longest_run(11);
 
 /// Writes a transaction's events, in the order they were appended. [`WriteTxn::commit`]
 /// calls it just before `COMMIT`.
@@ -43,7 +40,7 @@ pub(super) async fn write_pending(
     conn: &impl ConnectionTrait,
     rows: Vec<event::ActiveModel>,
 ) -> Result<(), sea_orm::DbErr> {
-    for run in super::batch_shapes::runs(rows, EVENTS_PER_INSERT) {
+    for run in runs_of::<event::Entity, _>(rows) {
         event::Entity::insert_many(run)
             .exec_without_returning(conn)
             .await?;

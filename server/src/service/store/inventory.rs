@@ -52,8 +52,8 @@ pub async fn hashes_of(
 /// 1.9 MB message, and at 10,000 nodes on PostgreSQL the pool's 14 connections held 26.9 MB
 /// of write buffers and 39.9 MB of prepared statements' metadata (`heaptrack`, BENCHMARKS.md).
 /// 128 rows still make a few statements of a bring-up's batch, not one per node. Bounded by
-/// the bytes of a section's JSON more than by its 5 parameters; a device row binds 11, within
-/// [`longest_run`] too.
+/// the bytes of a section's JSON rather than by its parameters: a device row, the wider,
+/// binds 11 (`node_device`'s columns), within [`longest_run`] too.
 const ROWS_PER_INSERT: usize = 128;
 const _: () = assert!(ROWS_PER_INSERT <= longest_run(11));
 

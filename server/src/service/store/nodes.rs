@@ -17,7 +17,7 @@ use sea_orm::{
 };
 use std::collections::HashMap;
 
-use super::batch_shapes::{longest_run, one_of, runs};
+use super::batch_shapes::{one_of, runs_of};
 use super::node_filter::NodeFilter;
 use super::rows::{self, NodeChildren};
 
@@ -524,10 +524,10 @@ pub async fn insert(conn: &impl ConnectionTrait, node: &NodeRecord) -> anyhow::R
     write_children(conn, &[(None, node)]).await
 }
 
-/// Writes new nodes and their children (a batch of joins): a statement per run of nodes
-/// ([`runs`] of at most [`NODE_WRITE_RUN`]) and per run of each child table's rows.
+/// Writes new nodes and their children (a batch of joins): a statement per run of nodes and
+/// per run of each child table's rows ([`runs_of`]).
 pub async fn insert_many(conn: &impl ConnectionTrait, nodes: &[NodeRecord]) -> anyhow::Result<()> {
-    for run in runs(nodes.iter().collect(), NODE_WRITE_RUN) {
+    for run in runs_of::<node::Entity, _>(nodes.iter().collect()) {
         let rows = run
             .into_iter()
             .map(rows::node_row)
@@ -541,17 +541,11 @@ pub async fn insert_many(conn: &impl ConnectionTrait, nodes: &[NodeRecord]) -> a
     write_children(conn, &writes).await
 }
 
-/// The most nodes one statement of [`save_many`] writes: a node row binds 41 parameters
-/// ([`longest_run`]).
-const NODE_WRITE_RUN: usize = longest_run(41);
-/// The most child rows one insert of [`write_children`] writes: a condition row, the widest,
-/// binds 10 parameters.
-const CHILD_WRITE_RUN: usize = longest_run(10);
-
 /// Writes changed nodes over the rows they were loaded from, each `(as loaded, changed)`,
-/// with their child rows: a statement per run of at most [`NODE_WRITE_RUN`] nodes and two per child
-/// table whose contents changed, however many nodes a batch holds (on SQLite every
-/// statement is a round trip to the database's thread while every other writer waits).
+/// with their child rows: a statement per run of nodes ([`runs_of`]: 32 a statement) and, per
+/// child table whose contents changed, a delete and an insert per run of its rows, not
+/// statements per node (on SQLite every statement is a round trip to the database's thread
+/// while every other writer waits).
 ///
 /// The caller locked the rows in this transaction ([`super::WriteTxn::lock_nodes`]) and then
 /// read them ([`load_many`]),
@@ -564,7 +558,7 @@ pub async fn save_many(
 ) -> anyhow::Result<()> {
     use sea_orm::sea_query::{Alias, OnConflict};
     use sea_orm::{IdenStatic, Iterable};
-    for chunk in runs(writes.to_vec(), NODE_WRITE_RUN) {
+    for chunk in runs_of::<node::Entity, _>(writes.to_vec()) {
         let rows = chunk
             .iter()
             .map(|(_, after)| rows::node_row(after))
@@ -601,7 +595,7 @@ pub async fn save_many(
 
 /// Rewrites each child table of the nodes whose contents there changed (`before` is `None`
 /// for a new node, which has no rows yet): one delete per [`IDS_PER_STATEMENT`] nodes already
-/// stored and an insert per run of at most [`CHILD_WRITE_RUN`] rows, per table.
+/// stored and an insert per run of rows ([`runs_of`] the table), per table.
 async fn write_children(
     conn: &impl ConnectionTrait,
     writes: &[(Option<&NodeRecord>, &NodeRecord)],
@@ -683,7 +677,7 @@ where
             .await?;
     }
     let rows: Vec<A> = replaced.written.iter().flat_map(|n| rows_of(n)).collect();
-    for run in runs(rows, CHILD_WRITE_RUN) {
+    for run in runs_of::<E, _>(rows) {
         E::insert_many(run).exec_without_returning(conn).await?;
     }
     Ok(())

@@ -24,7 +24,7 @@ use sea_orm::{
 };
 use std::collections::{BTreeMap, HashMap};
 
-use super::batch_shapes::{longest_run, one_of, runs};
+use super::batch_shapes::{one_of, runs_of};
 use super::schedule_sql;
 
 fn corrupt(table: &str, column: &str, value: &str) -> anyhow::Error {
@@ -340,7 +340,7 @@ pub async fn book(conn: &impl ConnectionTrait, allocations: &[Allocation]) -> an
             release_reason: Set(None),
         })
         .collect();
-    for run in runs(rows, ALLOCATION_WRITE_RUN) {
+    for run in runs_of::<allocation::Entity, _>(rows) {
         allocation::Entity::insert_many(run)
             .exec_without_returning(conn)
             .await?;
@@ -355,23 +355,15 @@ pub async fn book(conn: &impl ConnectionTrait, allocations: &[Allocation]) -> an
             })
         })
         .collect();
-    for run in runs(bookings, BOOKING_WRITE_RUN) {
+    // A gang books up to 1,024 nodes × `MAX_GPUS_PER_NODE` (64) atoms: in one statement,
+    // 196,608 parameters, past SQLite's 32,766 and PostgreSQL's 65,535.
+    for run in runs_of::<atom_booking::Entity, _>(bookings) {
         atom_booking::Entity::insert_many(run)
             .exec_without_returning(conn)
             .await?;
     }
     recount_free_atoms(conn, &nodes).await
 }
-
-/// The most allocations one insert of [`book`] writes: an allocation binds 9 parameters
-/// ([`longest_run`]), and a reservation's gang is at most
-/// [`bc_core::placement::MAX_NODE_COUNT`] (1,024) allocations.
-const ALLOCATION_WRITE_RUN: usize = longest_run(9);
-/// The most atom bookings one insert of [`book`] writes: 3 parameters a booking
-/// ([`longest_run`]). A gang books up to 1,024 nodes ×
-/// [`bc_core::placement::MAX_GPUS_PER_NODE`] (64) atoms, which in one statement would bind
-/// 196,608, past SQLite's 32,766 and PostgreSQL's 65,535.
-const BOOKING_WRITE_RUN: usize = longest_run(3);
 
 /// Ends allocations: sets `released_at` and the reason, and frees their atoms.
 pub async fn release_allocations(

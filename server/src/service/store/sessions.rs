@@ -2,7 +2,7 @@
 //! the gateway that holds it and `lastSeen`. Heartbeats write here, never to the node row, so
 //! they never bump the node's `version`.
 
-use super::batch_shapes::{longest_run, one_of, runs};
+use super::batch_shapes::{longest_run, one_of, runs, runs_of};
 use bc_core::ids::NodeId;
 use bc_core::node::Session;
 use bc_entity::node_session;
@@ -18,9 +18,6 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 /// The most sessions one statement of [`next_epochs`] or [`close_many`] reads (one array
 /// parameter on PostgreSQL, an `IN` list on SQLite: [`one_of`]).
 const OPEN_CHUNK: usize = 1_024;
-/// The most sessions one statement of [`open_many`] writes: a row binds six parameters
-/// ([`longest_run`]).
-const OPEN_WRITE_RUN: usize = longest_run(6);
 
 /// The epoch each node's next session gets: one more than its latest (open or closed), or 1
 /// for a node that never had one. The caller holds the nodes' locks
@@ -53,7 +50,7 @@ pub async fn next_epochs(
 }
 
 /// Opens sessions, each `(node, epoch)` from [`next_epochs`], held by `gateway_id` and
-/// connected now: a statement per run of at most [`OPEN_WRITE_RUN`] nodes, in node id order.
+/// connected now: a statement per run of them ([`runs_of`]), in node id order.
 ///
 /// An upsert locks the existing rows in the order of its `VALUES`, so the order is the lock
 /// order's (step 5): a heartbeat batch, which locks the session rows it updates in node id
@@ -67,7 +64,7 @@ pub async fn open_many(
 ) -> anyhow::Result<()> {
     let mut opens = opens.to_vec();
     opens.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-    for run in runs(opens, OPEN_WRITE_RUN) {
+    for run in runs_of::<node_session::Entity, _>(opens) {
         let rows = run
             .iter()
             .map(|(node_id, epoch)| node_session::ActiveModel {
@@ -176,8 +173,8 @@ pub async fn close_many(
 /// many writes as before.
 pub(super) const HEARTBEAT_CHUNK: usize = 256;
 const _: () = assert!(
-    HEARTBEAT_CHUNK.is_power_of_two(),
-    "runs() splits by powers of two"
+    HEARTBEAT_CHUNK.is_power_of_two() && HEARTBEAT_CHUNK <= longest_run(2),
+    "runs() splits by powers of two, and a beat binds two parameters"
 );
 
 /// Records heartbeats: `last_seen` of each (node, epoch) that is still the current, open
