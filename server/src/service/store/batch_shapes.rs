@@ -51,9 +51,10 @@ fn padded<T: Clone>(values: &[T]) -> Vec<T> {
 /// sent, and its statement cache keeps each statement shape it prepared with a type for
 /// every parameter (SQLite's, the compiled program). With runs of up to about 10,000
 /// parameters (1,024 events, 256 nodes, 1,024 child rows), a 10,000-node bring-up on
-/// PostgreSQL left 35 MB of prepared statements and 38 MB of write buffers in the pool at
-/// rest, 7 KB a node, most of it from the events written at commit (up to 1.8 MB a message
-/// with their JSON: heaptrack, BENCHMARKS.md, session 36). A bring-up's batch still takes a
+/// PostgreSQL left 42 MB of prepared statements and 38 MB of write buffers in the pool at
+/// rest, 8 KB a node; the write buffers all grown by the events written at commit (up to
+/// 1.8 MB a message with their JSON). With 2,048, 16 MB and 0.3 MB (heaptrack, BENCHMARKS.md,
+/// session 36). A bring-up's batch still takes a
 /// few statements per table, not one per row. Both backends' limits are far above it
 /// (SQLite 32,766, PostgreSQL 65,535).
 pub const MOST_PARAMETERS_PER_WRITE: usize = 2_048;
