@@ -283,7 +283,9 @@ impl Closing {
 }
 
 /// Serves one upgraded socket until either side ends it, the limits close it, or the
-/// server stops (`shutdown`).
+/// server stops (`shutdown`). The engine runs the client's operations here, on the request
+/// runtime, and the socket's loop ([`SocketLoop`]) runs on the subscription runtime
+/// ([`crate::subscription_runtime`]): nothing that touches storage runs there.
 #[allow(clippy::too_many_arguments)]
 pub async fn serve(
     socket: WebSocket,
@@ -293,10 +295,10 @@ pub async fn serve(
     keys: Arc<TokenKeys>,
     clock: Arc<dyn Clock>,
     limits: SocketLimits,
-    mut shutdown: tokio::sync::watch::Receiver<bool>,
+    shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
     metrics::gauge!("bc_subscription_connections").increment(1.0);
-    let (mut sink, frames) = socket.split();
+    let (sink, frames) = socket.split();
     let shared = Arc::new(Mutex::new(Shared::default()));
     let hub_wake = Arc::new(Notify::new());
     let messages = ClientMessages {
@@ -307,7 +309,6 @@ pub async fn serve(
         protocol,
         hub_wake: hub_wake.clone(),
     };
-    let mut hub_subscriptions = HubSubscriptions::new(protocol);
     let on_init = {
         let shared = shared.clone();
         let clock = clock.clone();
@@ -330,146 +331,219 @@ pub async fn serve(
         }
     };
     let engine = Engine::new(schema, messages, protocol).on_connection_init(on_init);
-    tokio::pin!(engine);
-
-    let started = Instant::now();
-    let init_deadline = tokio::time::sleep(limits.init_timeout);
-    tokio::pin!(init_deadline);
-    let mut ping = tokio::time::interval_at(started + limits.ping_interval, limits.ping_interval);
-    ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // When the last ping went out, while its answer is due.
-    let mut ping_sent: Option<Instant> = None;
-    let pong_deadline = tokio::time::sleep(Duration::ZERO);
-    tokio::pin!(pong_deadline);
-    // Armed once `connection_init` succeeded.
-    let mut expiry_armed = false;
-    let expiry = tokio::time::sleep(Duration::ZERO);
-    tokio::pin!(expiry);
-    // Armed by the first hub subscription.
-    let mut hub_expiry_armed = false;
-    let hub_expiry = tokio::time::sleep(Duration::ZERO);
-    tokio::pin!(hub_expiry);
-
-    let closing: Option<Closing> = loop {
-        tokio::select! {
-            out = engine.next() => match out {
-                Some(WsMessage::Text(text)) => {
-                    if let Some(id) = completed_operation(&text) {
-                        lock(&shared).running_ids.remove(&id);
-                    }
-                    if !send(&mut sink, Message::Text(text.into()), limits.write_timeout()).await {
-                        break Some(Closing::ours(CLOSE_KEEPALIVE_TIMEOUT, "the client does not read", "write_timeout"));
-                    }
-                    if !expiry_armed && let Some(expires_at) = lock(&shared).expires_at {
-                        expiry.as_mut().reset(Instant::now() + until(expires_at, clock.now()));
-                        expiry_armed = true;
-                    }
+    // The engine's answers go to the loop through a channel, in order. An operation's id is
+    // freed as its `complete` leaves the engine, before the engine reads the client's next
+    // message, which may reuse it.
+    let (answers, engine_answers) = futures::channel::mpsc::channel(ENGINE_ANSWERS_WAITING);
+    let engine = {
+        let shared = shared.clone();
+        async move {
+            tokio::pin!(engine);
+            let mut answers = answers;
+            while let Some(answer) = engine.next().await {
+                if let WsMessage::Text(text) = &answer
+                    && let Some(id) = completed_operation(text)
+                {
+                    lock(&shared).running_ids.remove(&id);
                 }
-                Some(WsMessage::Close(code, reason)) => {
-                    break Some(if lock(&shared).refused {
-                        Closing::ours(CLOSE_FORBIDDEN, &reason, "unauthenticated")
-                    } else {
-                        Closing { code, reason, metric: None }
-                    });
+                if answers.send(answer).await.is_err() {
+                    break;
                 }
-                None => {
-                    let shared = lock(&shared);
-                    break match &shared.reused_id {
-                        Some(id) => Some(Closing::ours(
-                            CLOSE_SUBSCRIBER_EXISTS,
-                            &format!("Subscriber for {id} already exists"),
-                            "subscriber_exists",
-                        )),
-                        None => shared.arrived_expired.then(Closing::expired),
-                    };
-                }
-            },
-            () = hub_wake.notified() => {
-                let mut failed = false;
-                loop {
-                    let Some(request) = lock(&shared).hub_requests.pop_front() else { break };
-                    if let HubRequest::Follow { .. } = &request
-                        && !hub_expiry_armed
-                        && let Some(expires_at) = lock(&shared).expires_at
-                    {
-                        hub_expiry.as_mut().reset(Instant::now() + until(expires_at, Utc::now()));
-                        hub_expiry_armed = true;
-                    }
-                    if !hub_subscriptions.handle(request, &mut sink, limits.write_timeout()).await {
-                        failed = true;
-                        break;
-                    }
-                }
-                if failed {
-                    break Some(Closing::ours(CLOSE_KEEPALIVE_TIMEOUT, "the client does not read", "write_timeout"));
-                }
-            }
-            Some((id, delivery)) = hub_subscriptions.streams.next(), if !hub_subscriptions.streams.is_empty() => {
-                if !hub_subscriptions.deliver(id, delivery, &shared, &mut sink, limits.write_timeout()).await {
-                    break Some(Closing::ours(CLOSE_KEEPALIVE_TIMEOUT, "the client does not read", "write_timeout"));
-                }
-            }
-            () = &mut init_deadline, if lock(&shared).expires_at.is_none() => {
-                break Some(Closing::ours(CLOSE_INIT_TIMEOUT, "Connection initialisation timeout", "init_timeout"));
-            }
-            // Hub subscriptions end when the token expires by the wall clock, as the
-            // engine's own do (`graphql::subscription::until_expiry`); later ones at once.
-            () = &mut hub_expiry, if hub_expiry_armed => {
-                hub_expiry_armed = false;
-                if !hub_subscriptions.end_all(&shared, &mut sink, limits.write_timeout()).await {
-                    break Some(Closing::ours(CLOSE_KEEPALIVE_TIMEOUT, "the client does not read", "write_timeout"));
-                }
-            }
-            () = &mut expiry, if expiry_armed => {
-                let expires_at = lock(&shared).expires_at;
-                match expires_at {
-                    Some(expires_at) if clock.now() < expires_at => {
-                        // The clock is not the timer's (a test's manual clock): look again.
-                        expiry.as_mut().reset(Instant::now() + until(expires_at, clock.now()));
-                    }
-                    _ => break Some(Closing::expired()),
-                }
-            }
-            _ = ping.tick() => {
-                // Expiry is also checked here, so a clock that jumps is noticed within a ping.
-                if lock(&shared).expires_at.is_some_and(|e| clock.now() >= e) {
-                    break Some(Closing::expired());
-                }
-                if ping_sent.is_none() {
-                    if !send(&mut sink, Message::Ping(Bytes::new()), limits.write_timeout()).await {
-                        break Some(Closing::ours(CLOSE_KEEPALIVE_TIMEOUT, "the client does not read", "write_timeout"));
-                    }
-                    let now = Instant::now();
-                    ping_sent = Some(now);
-                    pong_deadline.as_mut().reset(now + limits.pong_timeout);
-                }
-            }
-            () = &mut pong_deadline, if ping_sent.is_some() => {
-                let heard = lock(&shared).last_heard;
-                if heard.is_some_and(|heard| Some(heard) >= ping_sent) {
-                    ping_sent = None;
-                } else {
-                    break Some(Closing::ours(CLOSE_KEEPALIVE_TIMEOUT, "keep-alive timeout: no pong", "keepalive_timeout"));
-                }
-            }
-            // The server is stopping: close so that clients reconnect elsewhere.
-            _ = shutdown.changed() => {
-                break Some(Closing::ours(CLOSE_GOING_AWAY, "the server is shutting down", "shutdown"));
             }
         }
     };
-    if let Some(closing) = closing {
-        if let Some(reason) = closing.metric {
-            metrics::counter!("bc_subscription_sockets_closed_total", "reason" => reason)
-                .increment(1);
+    let socket_loop = crate::subscription_runtime::run(
+        SocketLoop {
+            sink,
+            shared,
+            hub_wake,
+            engine_answers,
+            hub_subscriptions: HubSubscriptions::new(protocol),
+            clock,
+            limits,
+            shutdown,
         }
-        let frame = CloseFrame {
-            code: closing.code,
-            reason: close_reason(closing.reason).into(),
-        };
-        let _ = send(&mut sink, Message::Close(Some(frame)), limits.pong_timeout).await;
+        .run(),
+    );
+    tokio::pin!(engine, socket_loop);
+    // This task drives the engine until the loop ends (the engine, and the operations it
+    // runs, are dropped then), or the engine ends first and the loop sends what it answered.
+    tokio::select! {
+        () = &mut socket_loop => {}
+        () = &mut engine => socket_loop.await,
     }
     metrics::gauge!("bc_subscription_connections").decrement(1.0);
+}
+
+/// The engine's answers the socket's loop has not yet taken, beyond which the engine waits.
+/// An answer is one operation's result or `complete`; a client has few operations running.
+const ENGINE_ANSWERS_WAITING: usize = 8;
+
+/// One socket's loop: it sends the engine's answers and the hubs' payloads, pings, and
+/// closes the socket when a limit is reached or the server stops. It reads nothing from
+/// storage, and runs on the subscription runtime.
+struct SocketLoop {
+    sink: Sink,
+    shared: Arc<Mutex<Shared>>,
+    hub_wake: Arc<Notify>,
+    engine_answers: futures::channel::mpsc::Receiver<WsMessage>,
+    hub_subscriptions: HubSubscriptions,
+    clock: Arc<dyn Clock>,
+    limits: SocketLimits,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+}
+
+impl SocketLoop {
+    async fn run(self) {
+        let SocketLoop {
+            mut sink,
+            shared,
+            hub_wake,
+            mut engine_answers,
+            mut hub_subscriptions,
+            clock,
+            limits,
+            mut shutdown,
+        } = self;
+        let started = Instant::now();
+        let init_deadline = tokio::time::sleep(limits.init_timeout);
+        tokio::pin!(init_deadline);
+        let mut ping =
+            tokio::time::interval_at(started + limits.ping_interval, limits.ping_interval);
+        ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // When the last ping went out, while its answer is due.
+        let mut ping_sent: Option<Instant> = None;
+        let pong_deadline = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(pong_deadline);
+        // Armed once `connection_init` succeeded.
+        let mut expiry_armed = false;
+        let expiry = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(expiry);
+        // Armed by the first hub subscription.
+        let mut hub_expiry_armed = false;
+        let hub_expiry = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(hub_expiry);
+
+        let closing: Option<Closing> = loop {
+            tokio::select! {
+                // In this order: what the engine answered before a hub request was queued
+                // (its `connection_ack`, a `complete`) goes out before what the hub sends.
+                biased;
+                out = engine_answers.next() => match out {
+                    Some(WsMessage::Text(text)) => {
+                        if !send(&mut sink, Message::Text(text.into()), limits.write_timeout()).await {
+                            break Some(Closing::ours(CLOSE_KEEPALIVE_TIMEOUT, "the client does not read", "write_timeout"));
+                        }
+                        if !expiry_armed && let Some(expires_at) = lock(&shared).expires_at {
+                            expiry.as_mut().reset(Instant::now() + until(expires_at, clock.now()));
+                            expiry_armed = true;
+                        }
+                    }
+                    Some(WsMessage::Close(code, reason)) => {
+                        break Some(if lock(&shared).refused {
+                            Closing::ours(CLOSE_FORBIDDEN, &reason, "unauthenticated")
+                        } else {
+                            Closing { code, reason, metric: None }
+                        });
+                    }
+                    None => {
+                        let shared = lock(&shared);
+                        break match &shared.reused_id {
+                            Some(id) => Some(Closing::ours(
+                                CLOSE_SUBSCRIBER_EXISTS,
+                                &format!("Subscriber for {id} already exists"),
+                                "subscriber_exists",
+                            )),
+                            None => shared.arrived_expired.then(Closing::expired),
+                        };
+                    }
+                },
+                () = hub_wake.notified() => {
+                    let mut failed = false;
+                    loop {
+                        let Some(request) = lock(&shared).hub_requests.pop_front() else { break };
+                        if let HubRequest::Follow { .. } = &request
+                            && !hub_expiry_armed
+                            && let Some(expires_at) = lock(&shared).expires_at
+                        {
+                            hub_expiry.as_mut().reset(Instant::now() + until(expires_at, Utc::now()));
+                            hub_expiry_armed = true;
+                        }
+                        if !hub_subscriptions.handle(request, &mut sink, limits.write_timeout()).await {
+                            failed = true;
+                            break;
+                        }
+                    }
+                    if failed {
+                        break Some(Closing::ours(CLOSE_KEEPALIVE_TIMEOUT, "the client does not read", "write_timeout"));
+                    }
+                }
+                Some((id, delivery)) = hub_subscriptions.streams.next(), if !hub_subscriptions.streams.is_empty() => {
+                    if !hub_subscriptions.deliver(id, delivery, &shared, &mut sink, limits.write_timeout()).await {
+                        break Some(Closing::ours(CLOSE_KEEPALIVE_TIMEOUT, "the client does not read", "write_timeout"));
+                    }
+                }
+                () = &mut init_deadline, if lock(&shared).expires_at.is_none() => {
+                    break Some(Closing::ours(CLOSE_INIT_TIMEOUT, "Connection initialisation timeout", "init_timeout"));
+                }
+                // Hub subscriptions end when the token expires by the wall clock, as the
+                // engine's own do (`graphql::subscription::until_expiry`); later ones at once.
+                () = &mut hub_expiry, if hub_expiry_armed => {
+                    hub_expiry_armed = false;
+                    if !hub_subscriptions.end_all(&shared, &mut sink, limits.write_timeout()).await {
+                        break Some(Closing::ours(CLOSE_KEEPALIVE_TIMEOUT, "the client does not read", "write_timeout"));
+                    }
+                }
+                () = &mut expiry, if expiry_armed => {
+                    let expires_at = lock(&shared).expires_at;
+                    match expires_at {
+                        Some(expires_at) if clock.now() < expires_at => {
+                            // The clock is not the timer's (a test's manual clock): look again.
+                            expiry.as_mut().reset(Instant::now() + until(expires_at, clock.now()));
+                        }
+                        _ => break Some(Closing::expired()),
+                    }
+                }
+                _ = ping.tick() => {
+                    // Expiry is also checked here, so a clock that jumps is noticed within a ping.
+                    if lock(&shared).expires_at.is_some_and(|e| clock.now() >= e) {
+                        break Some(Closing::expired());
+                    }
+                    if ping_sent.is_none() {
+                        if !send(&mut sink, Message::Ping(Bytes::new()), limits.write_timeout()).await {
+                            break Some(Closing::ours(CLOSE_KEEPALIVE_TIMEOUT, "the client does not read", "write_timeout"));
+                        }
+                        let now = Instant::now();
+                        ping_sent = Some(now);
+                        pong_deadline.as_mut().reset(now + limits.pong_timeout);
+                    }
+                }
+                () = &mut pong_deadline, if ping_sent.is_some() => {
+                    let heard = lock(&shared).last_heard;
+                    if heard.is_some_and(|heard| Some(heard) >= ping_sent) {
+                        ping_sent = None;
+                    } else {
+                        break Some(Closing::ours(CLOSE_KEEPALIVE_TIMEOUT, "keep-alive timeout: no pong", "keepalive_timeout"));
+                    }
+                }
+                // The server is stopping: close so that clients reconnect elsewhere.
+                _ = shutdown.changed() => {
+                    break Some(Closing::ours(CLOSE_GOING_AWAY, "the server is shutting down", "shutdown"));
+                }
+            }
+        };
+        if let Some(closing) = closing {
+            if let Some(reason) = closing.metric {
+                metrics::counter!("bc_subscription_sockets_closed_total", "reason" => reason)
+                    .increment(1);
+            }
+            let frame = CloseFrame {
+                code: closing.code,
+                reason: close_reason(closing.reason).into(),
+            };
+            let _ = send(&mut sink, Message::Close(Some(frame)), limits.pong_timeout).await;
+        }
+    }
 }
 
 /// What a hub subscription's stream yields to the socket's loop.

@@ -20,4 +20,5 @@ pub mod pki;
 pub mod private_file;
 pub mod service;
 pub mod subscription_hubs;
+pub mod subscription_runtime;
 pub mod telemetry;

@@ -630,6 +630,25 @@ impl Server {
         cpu_ticks_of_pid(self.pid())
     }
 
+    /// The CPU time so far of the server's threads named `name` (their `comm`, as
+    /// `/proc/<pid>/task/*/comm` shows it), in clock ticks. A thread that has exited counts
+    /// no more.
+    pub fn thread_cpu_ticks(&self, name: &str) -> anyhow::Result<f64> {
+        let tasks = format!("/proc/{}/task", self.pid());
+        let mut ticks = 0.0;
+        for task in std::fs::read_dir(&tasks).with_context(|| format!("reading {tasks}"))? {
+            let dir = task?.path();
+            // A thread may exit between the listing and the read: it is not counted then.
+            let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else {
+                continue;
+            };
+            if comm.trim_end() == name {
+                ticks += cpu_ticks(&dir.join("stat").to_string_lossy()).unwrap_or(0.0);
+            }
+        }
+        Ok(ticks)
+    }
+
     /// The server's memory now and at its peak.
     pub fn memory(&self) -> anyhow::Result<Memory> {
         memory(self.pid())

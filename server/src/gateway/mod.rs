@@ -407,17 +407,10 @@ async fn store_inventory(
     .await
 }
 
-/// One batch of sessions' looks at their nodes ([`Services::dispatch_many`]). It answers every
-/// look or fails as a whole; a failed batch is taken again a look at a time, like any other
-/// write.
+/// One batch of sessions' looks at their nodes ([`Services::dispatch_many`]).
 async fn dispatch(services: Services, batch: Vec<DispatchLook>) -> Vec<ApiResult<Dispatch>> {
-    handled("dispatching commands", &batch, |looks| async {
-        Ok(services
-            .dispatch_many(looks)
-            .await?
-            .into_iter()
-            .map(Ok)
-            .collect())
+    handled_whole("dispatching commands", &batch, |looks| {
+        services.dispatch_many(looks)
     })
     .await
 }
@@ -427,13 +420,8 @@ async fn end_sessions(
     services: Services,
     batch: Vec<(NodeId, i64)>,
 ) -> Vec<ApiResult<Vec<Command>>> {
-    handled("recording sessions' ends", &batch, |ended| async {
-        Ok(services
-            .end_sessions(ended)
-            .await?
-            .into_iter()
-            .map(Ok)
-            .collect())
+    handled_whole("recording sessions' ends", &batch, |ended| {
+        services.end_sessions(ended)
     })
     .await
 }
@@ -494,6 +482,21 @@ where
             answers
         }
     }
+}
+
+/// [`handled`], for a `handle` that answers every request of its batch or fails as a whole
+/// (one transaction with no request of its own to refuse): a failed batch is still taken again
+/// a request at a time, like any other.
+async fn handled_whole<'a, T, R, F, Fut>(what: &str, batch: &'a [T], handle: F) -> Vec<ApiResult<R>>
+where
+    F: Fn(&'a [T]) -> Fut,
+    Fut: std::future::Future<Output = ApiResult<Vec<R>>>,
+{
+    handled(what, batch, |requests| {
+        let answers = handle(requests);
+        async move { Ok(answers.await?.into_iter().map(Ok).collect()) }
+    })
+    .await
 }
 
 #[cfg(test)]

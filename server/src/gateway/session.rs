@@ -549,7 +549,6 @@ impl Live<'_> {
         // The parsed value goes now, not when this handler's future ends (after it may have
         // waited for the writer).
         drop(content);
-        let content = text;
         if let Some(awaited) = &mut self.desk.awaited {
             awaited.remove(&section);
         }
@@ -557,7 +556,7 @@ impl Live<'_> {
         self.desk.report.push(ReportedSection {
             section,
             hash,
-            content,
+            content: text,
         });
         // The sections `welcome` asked for are one report: stored once all have come.
         // Sections of a refresh are stored at its result (see `on_frame`) or when the window

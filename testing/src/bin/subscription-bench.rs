@@ -24,6 +24,7 @@ use anyhow::{Context, bail, ensure};
 use bc_testing::bench::{self, Api, BenchDatabase, PROGRESS_EVERY, Row, Server, ServerArgs};
 use bc_testing::subscription::{ConnectOptions, SubscriptionClient};
 use better_compute::auth::{Role, TokenKeys};
+use better_compute::subscription_runtime::THREAD_NAME as SUBSCRIPTION_THREADS;
 use clap::Parser;
 use futures::StreamExt;
 use serde_json::{Value, json};
@@ -325,6 +326,7 @@ async fn run_bench(
             ),
         ] {
             let cpu_before = server.cpu_ticks()?;
+            let fanout_cpu_before = server.thread_cpu_ticks(SUBSCRIPTION_THREADS)?;
             let own_cpu_before = bench::own_cpu_ticks()?;
             let started = Instant::now();
             let mut ticker = pace.map(|p| {
@@ -372,6 +374,8 @@ async fn run_bench(
             .await;
             let elapsed = started.elapsed();
             let cpu = (server.cpu_ticks()? - cpu_before) / clk_tck;
+            let fanout_cpu =
+                (server.thread_cpu_ticks(SUBSCRIPTION_THREADS)? - fanout_cpu_before) / clk_tck;
             let own_cpu = (bench::own_cpu_ticks()? - own_cpu_before) / clk_tck;
             if let Err(err) = &delivered {
                 tracing::warn!("{name}: {err:#}");
@@ -382,6 +386,7 @@ async fn run_bench(
                 pace,
                 elapsed,
                 server_cpu_s: cpu,
+                fanout_cpu_s: fanout_cpu,
                 own_cpu_s: own_cpu,
                 complete: delivered.is_ok(),
             });
@@ -640,6 +645,8 @@ struct PhaseRun {
     pace: Option<Duration>,
     elapsed: Duration,
     server_cpu_s: f64,
+    /// Of `server_cpu_s`, the subscription runtime's threads' (the sockets' loops).
+    fanout_cpu_s: f64,
     own_cpu_s: f64,
     complete: bool,
 }
@@ -782,7 +789,8 @@ impl Report {
                 (
                     format!("{label}: server CPU"),
                     format!(
-                        "{cpu_pct:.1} % of one core, {:.1} us per delivery",
+                        "{cpu_pct:.1} % of one core ({:.1} % on the subscription runtime), {:.1} us per delivery",
+                        phase.fanout_cpu_s / phase.elapsed.as_secs_f64() * 100.0,
                         phase.server_cpu_s * 1e6 / delivered.max(1) as f64
                     ),
                     RAW_CPU_PER_DELIVERY,

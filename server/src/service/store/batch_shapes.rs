@@ -77,6 +77,12 @@ pub fn runs_of<E: EntityTrait, T>(rows: Vec<T>) -> Vec<Vec<T>> {
     runs(rows, longest_run(E::Column::iter().count()))
 }
 
+/// [`runs_of`], in runs of at most `most` rows (a power of two): for a table whose rows are
+/// large for the parameters they bind (inventory sections' JSON).
+pub fn runs_of_at_most<E: EntityTrait, T>(rows: Vec<T>, most: usize) -> Vec<Vec<T>> {
+    runs(rows, most.min(longest_run(E::Column::iter().count())))
+}
+
 /// `rows` in order, as runs of `largest` rows (a power of two) and then one run for each bit
 /// of what remains, longest first.
 pub fn runs<T>(rows: Vec<T>, largest: usize) -> Vec<Vec<T>> {

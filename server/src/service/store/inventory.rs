@@ -1,7 +1,7 @@
 //! Inventory: the sections a daemon reported (`node_inventory_sections`, by hash) and the
 //! devices the Inventory controller derived from them (`node_devices`).
 
-use super::batch_shapes::{longest_run, one_of, runs};
+use super::batch_shapes::{one_of, runs_of_at_most};
 use bc_core::health::{Device, GPU_DEVICE_KIND};
 use bc_core::ids::NodeId;
 use bc_entity::{node_device, node_inventory_section};
@@ -52,10 +52,9 @@ pub async fn hashes_of(
 /// 1.9 MB message, and at 10,000 nodes on PostgreSQL the pool's 14 connections held 26.9 MB
 /// of write buffers and 39.9 MB of prepared statements' metadata (`heaptrack`, BENCHMARKS.md).
 /// 128 rows still make a few statements of a bring-up's batch, not one per node. Bounded by
-/// the bytes of a section's JSON rather than by its parameters: a device row, the wider,
-/// binds 11 (`node_device`'s columns), within [`longest_run`] too.
+/// the bytes of a section's JSON rather than by its parameters; each table's own bound
+/// ([`runs_of_at_most`]) applies as well.
 const ROWS_PER_INSERT: usize = 128;
-const _: () = assert!(ROWS_PER_INSERT <= longest_run(11));
 
 /// One inventory section as stored: the node, the section's name, its hash and content.
 pub struct SectionRow {
@@ -82,7 +81,7 @@ pub async fn put_sections(
             reported_at: Set(now),
         })
         .collect();
-    for run in runs(rows, ROWS_PER_INSERT) {
+    for run in runs_of_at_most::<node_inventory_section::Entity, _>(rows, ROWS_PER_INSERT) {
         node_inventory_section::Entity::insert_many(run)
             .on_conflict(
                 OnConflict::columns([
@@ -189,7 +188,7 @@ pub async fn replace_devices(
             updated_at: Set(now),
         })
         .collect();
-    for run in runs(rows, ROWS_PER_INSERT) {
+    for run in runs_of_at_most::<node_device::Entity, _>(rows, ROWS_PER_INSERT) {
         node_device::Entity::insert_many(run)
             .exec_without_returning(conn)
             .await?;

@@ -150,6 +150,13 @@ fn with_table(verb: &str, table: Option<&str>) -> String {
 
 /// Records one statement (sea-orm's metric callback).
 pub fn record(info: &Info<'_>) {
+    // The subscription runtime's boundary (`subscription_runtime`), checked where every
+    // statement passes: a pool connection opened there would serve requests from there.
+    debug_assert!(
+        !crate::subscription_runtime::is_current_thread(),
+        "a statement ran on the subscription runtime: {}",
+        info.statement.sql
+    );
     let kind = statement_kind(&info.statement.sql);
     metrics::histogram!("bc_db_statement_seconds", "statement" => kind.clone())
         .record(info.elapsed.as_secs_f64());
