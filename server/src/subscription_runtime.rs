@@ -4,11 +4,12 @@
 //! With 10,000 subscribers an event wakes 10,000 socket loops, each of which writes one
 //! frame (most of its CPU the `send` system call: BENCHMARKS.md, "Subscriptions"). On the
 //! runtime that serves requests those loops fill every worker's run queue, and a mutation's
-//! next step waits behind a whole event's fan-out: 1.2 to 1.5 s at p99 in a 16-way burst at
-//! 10 events a second to each of 10,000 subscribers, against a goal of 20 ms (issue 16).
-//! Here the loops compete with requests only for the cores, and at [`NICENESS`] the operating
-//! system gives a runnable request thread most of a contended core: operators' writes come
-//! first, and the events they cause follow as soon as there is CPU for them.
+//! next step waits behind a whole event's fan-out: at 10 events a second to each of 10,000
+//! subscribers, 213 to 236 ms at p99 paced and 1.9 to 2.4 s in a 16-way burst, against a
+//! goal of 20 ms (issue 16). Here the loops compete with requests only for the cores, and at
+//! [`NICENESS`] the operating system gives a runnable request thread the larger share of a
+//! contended core: operators' writes come first (39 to 40 ms paced, 0.1 to 0.2 s in the
+//! burst), and the events they cause follow as soon as there is CPU for them.
 //!
 //! **Nothing that touches storage runs here.** sqlx opens a pool connection inside the task
 //! that asks for one, and that connection then serves every request: opened from this
@@ -35,9 +36,12 @@ const _: () = assert!(THREAD_NAME.len() <= 15);
 
 /// How much lower the runtime's threads run than the process that starts them, in nice
 /// steps: each step gives a thread about 1.25 times less CPU than a thread one step above it
-/// when a core is contended, so at 10 a busy socket thread gets about a tenth of a core
-/// against a runnable request thread.
-pub const NICENESS: i32 = 10;
+/// when a core is contended, so at 5 a busy socket thread gets about a quarter of a core
+/// against a runnable request thread. Measured at 10 events a second to 10,000 subscribers
+/// (BENCHMARKS.md, "Subscriptions", session 37): at 10 the paced mutations' p99 was 28 to
+/// 31 ms but the events reached subscribers 1.0 to 1.2 s after them (p99); at 0, 131 ms and
+/// 0.25 s; at 5, 39 to 40 ms and 0.29 to 0.42 s, no later than before this runtime existed.
+pub const NICENESS: i32 = 5;
 
 /// `None` if the runtime could not be started (no threads to be had), in which case sockets'
 /// loops run on the caller's runtime.
@@ -73,17 +77,31 @@ pub fn is_current_thread() -> bool {
     std::thread::current().name() == Some(THREAD_NAME)
 }
 
-/// Runs a socket's loop on the subscription runtime until it ends, and ends it if the caller
-/// is dropped first. The socket stays registered with the runtime that accepted it, whose I/O
-/// driver tells this one when it can be written. A panic in the loop is resumed here.
-pub async fn run(socket_loop: impl Future<Output = ()> + Send + 'static) {
-    let Some(runtime) = &*RUNTIME else {
-        return socket_loop.await;
+/// Starts a socket's loop on the subscription runtime, now, and returns what waits for it to
+/// end; dropping that ends the loop. The socket stays registered with the runtime that
+/// accepted it, whose I/O driver tells this one when it can be written. A panic in the loop
+/// is resumed in the waiter.
+///
+/// Not an `async fn`: one would hold the loop's future (several KiB) inside the caller's
+/// task as well as in the spawned one, for the socket's whole life.
+pub fn run(
+    socket_loop: impl Future<Output = ()> + Send + 'static,
+) -> impl Future<Output = ()> + Send {
+    let started = match &*RUNTIME {
+        Some(runtime) => Ok(AbortOnDropHandle::new(runtime.spawn(socket_loop))),
+        None => Err(Box::pin(socket_loop)),
     };
-    if let Err(err) = AbortOnDropHandle::new(runtime.spawn(socket_loop)).await
-        && err.is_panic()
-    {
-        std::panic::resume_unwind(err.into_panic());
+    async move {
+        match started {
+            Ok(spawned) => {
+                if let Err(err) = spawned.await
+                    && err.is_panic()
+                {
+                    std::panic::resume_unwind(err.into_panic());
+                }
+            }
+            Err(socket_loop) => socket_loop.await,
+        }
     }
 }
 
