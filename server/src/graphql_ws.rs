@@ -280,6 +280,15 @@ impl Closing {
     fn expired() -> Closing {
         Closing::ours(CLOSE_FORBIDDEN, "the token expired", "token_expired")
     }
+
+    /// A frame did not go out within the write timeout.
+    fn not_reading() -> Closing {
+        Closing::ours(
+            CLOSE_KEEPALIVE_TIMEOUT,
+            "the client does not read",
+            "write_timeout",
+        )
+    }
 }
 
 /// Serves one upgraded socket until either side ends it, the limits close it, or the
@@ -426,13 +435,63 @@ impl SocketLoop {
 
         let closing: Option<Closing> = loop {
             tokio::select! {
-                // In this order: what the engine answered before a hub request was queued
-                // (its `connection_ack`, a `complete`) goes out before what the hub sends.
+                // In this order. The deadlines and the server's stop first: each is ready
+                // only when it is due, and answers and payloads that are ready on every turn
+                // must not keep a socket open past its token or the server's stop. Then what
+                // the engine answered before a hub request was queued (its
+                // `connection_ack`, a `complete`), before what the hubs send.
                 biased;
+                // The server is stopping: close so that clients reconnect elsewhere.
+                _ = shutdown.changed() => {
+                    break Some(Closing::ours(CLOSE_GOING_AWAY, "the server is shutting down", "shutdown"));
+                }
+                () = &mut init_deadline, if lock(&shared).expires_at.is_none() => {
+                    break Some(Closing::ours(CLOSE_INIT_TIMEOUT, "Connection initialisation timeout", "init_timeout"));
+                }
+                // Hub subscriptions end when the token expires by the wall clock, as the
+                // engine's own do (`graphql::subscription::until_expiry`); later ones at once.
+                () = &mut hub_expiry, if hub_expiry_armed => {
+                    hub_expiry_armed = false;
+                    if !hub_subscriptions.end_all(&shared, &mut sink, limits.write_timeout()).await {
+                        break Some(Closing::not_reading());
+                    }
+                }
+                () = &mut expiry, if expiry_armed => {
+                    let expires_at = lock(&shared).expires_at;
+                    match expires_at {
+                        Some(expires_at) if clock.now() < expires_at => {
+                            // The clock is not the timer's (a test's manual clock): look again.
+                            expiry.as_mut().reset(Instant::now() + until(expires_at, clock.now()));
+                        }
+                        _ => break Some(Closing::expired()),
+                    }
+                }
+                _ = ping.tick() => {
+                    // Expiry is also checked here, so a clock that jumps is noticed within a ping.
+                    if lock(&shared).expires_at.is_some_and(|e| clock.now() >= e) {
+                        break Some(Closing::expired());
+                    }
+                    if ping_sent.is_none() {
+                        if !send(&mut sink, Message::Ping(Bytes::new()), limits.write_timeout()).await {
+                            break Some(Closing::not_reading());
+                        }
+                        let now = Instant::now();
+                        ping_sent = Some(now);
+                        pong_deadline.as_mut().reset(now + limits.pong_timeout);
+                    }
+                }
+                () = &mut pong_deadline, if ping_sent.is_some() => {
+                    let heard = lock(&shared).last_heard;
+                    if heard.is_some_and(|heard| Some(heard) >= ping_sent) {
+                        ping_sent = None;
+                    } else {
+                        break Some(Closing::ours(CLOSE_KEEPALIVE_TIMEOUT, "keep-alive timeout: no pong", "keepalive_timeout"));
+                    }
+                }
                 out = engine_answers.next() => match out {
                     Some(WsMessage::Text(text)) => {
                         if !send(&mut sink, Message::Text(text.into()), limits.write_timeout()).await {
-                            break Some(Closing::ours(CLOSE_KEEPALIVE_TIMEOUT, "the client does not read", "write_timeout"));
+                            break Some(Closing::not_reading());
                         }
                         if !expiry_armed && let Some(expires_at) = lock(&shared).expires_at {
                             expiry.as_mut().reset(Instant::now() + until(expires_at, clock.now()));
@@ -475,60 +534,13 @@ impl SocketLoop {
                         }
                     }
                     if failed {
-                        break Some(Closing::ours(CLOSE_KEEPALIVE_TIMEOUT, "the client does not read", "write_timeout"));
+                        break Some(Closing::not_reading());
                     }
                 }
                 Some((id, delivery)) = hub_subscriptions.streams.next(), if !hub_subscriptions.streams.is_empty() => {
                     if !hub_subscriptions.deliver(id, delivery, &shared, &mut sink, limits.write_timeout()).await {
-                        break Some(Closing::ours(CLOSE_KEEPALIVE_TIMEOUT, "the client does not read", "write_timeout"));
+                        break Some(Closing::not_reading());
                     }
-                }
-                () = &mut init_deadline, if lock(&shared).expires_at.is_none() => {
-                    break Some(Closing::ours(CLOSE_INIT_TIMEOUT, "Connection initialisation timeout", "init_timeout"));
-                }
-                // Hub subscriptions end when the token expires by the wall clock, as the
-                // engine's own do (`graphql::subscription::until_expiry`); later ones at once.
-                () = &mut hub_expiry, if hub_expiry_armed => {
-                    hub_expiry_armed = false;
-                    if !hub_subscriptions.end_all(&shared, &mut sink, limits.write_timeout()).await {
-                        break Some(Closing::ours(CLOSE_KEEPALIVE_TIMEOUT, "the client does not read", "write_timeout"));
-                    }
-                }
-                () = &mut expiry, if expiry_armed => {
-                    let expires_at = lock(&shared).expires_at;
-                    match expires_at {
-                        Some(expires_at) if clock.now() < expires_at => {
-                            // The clock is not the timer's (a test's manual clock): look again.
-                            expiry.as_mut().reset(Instant::now() + until(expires_at, clock.now()));
-                        }
-                        _ => break Some(Closing::expired()),
-                    }
-                }
-                _ = ping.tick() => {
-                    // Expiry is also checked here, so a clock that jumps is noticed within a ping.
-                    if lock(&shared).expires_at.is_some_and(|e| clock.now() >= e) {
-                        break Some(Closing::expired());
-                    }
-                    if ping_sent.is_none() {
-                        if !send(&mut sink, Message::Ping(Bytes::new()), limits.write_timeout()).await {
-                            break Some(Closing::ours(CLOSE_KEEPALIVE_TIMEOUT, "the client does not read", "write_timeout"));
-                        }
-                        let now = Instant::now();
-                        ping_sent = Some(now);
-                        pong_deadline.as_mut().reset(now + limits.pong_timeout);
-                    }
-                }
-                () = &mut pong_deadline, if ping_sent.is_some() => {
-                    let heard = lock(&shared).last_heard;
-                    if heard.is_some_and(|heard| Some(heard) >= ping_sent) {
-                        ping_sent = None;
-                    } else {
-                        break Some(Closing::ours(CLOSE_KEEPALIVE_TIMEOUT, "keep-alive timeout: no pong", "keepalive_timeout"));
-                    }
-                }
-                // The server is stopping: close so that clients reconnect elsewhere.
-                _ = shutdown.changed() => {
-                    break Some(Closing::ours(CLOSE_GOING_AWAY, "the server is shutting down", "shutdown"));
                 }
             }
         };

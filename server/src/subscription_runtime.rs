@@ -34,13 +34,14 @@ pub const THREAD_NAME: &str = "bc-subscription";
 // Linux keeps at most 15 bytes of a thread's name: a longer one would not be found again.
 const _: () = assert!(THREAD_NAME.len() <= 15);
 
-/// How much lower the runtime's threads run than the process that starts them, in nice
+/// How much lower the runtime's threads run than the thread that first uses it, in nice
 /// steps: each step gives a thread about 1.25 times less CPU than a thread one step above it
 /// when a core is contended, so at 5 a busy socket thread gets about a quarter of a core
 /// against a runnable request thread. Measured at 10 events a second to 10,000 subscribers
 /// (BENCHMARKS.md, "Subscriptions", session 37): at 10 the paced mutations' p99 was 28 to
 /// 31 ms but the events reached subscribers 1.0 to 1.2 s after them (p99); at 0, 131 ms and
-/// 0.25 s; at 5, 39 to 40 ms and 0.29 to 0.42 s, no later than before this runtime existed.
+/// 0.25 s; at 5, 39 to 40 ms and 0.29 to 0.42 s, about as late as before this runtime
+/// existed (0.32 to 0.36 s).
 pub const NICENESS: i32 = 5;
 
 /// `None` if the runtime could not be started (no threads to be had), in which case sockets'
@@ -49,14 +50,17 @@ static RUNTIME: LazyLock<Option<tokio::runtime::Runtime>> = LazyLock::new(|| {
     // One worker per core, as the request runtime has: a fan-out spread over every core
     // reaches the last subscriber soonest.
     let workers = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    // Set, not added: a thread starts with the nice value of the thread that spawned it, which
+    // for a blocking-pool thread may be one of these.
+    let niceness = rustix::process::getpriority_process(None).unwrap_or(0) + NICENESS;
     match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers)
         .thread_name(THREAD_NAME)
-        .on_thread_start(|| {
+        .on_thread_start(move || {
             // Linux keeps a nice value per thread, so this lowers only this runtime's
-            // threads. Raising it needs no privilege; where it is refused all the same, the
+            // threads. Lowering it needs no privilege; where it is refused all the same, the
             // fan-out runs at the process's priority.
-            if let Err(err) = rustix::process::nice(NICENESS) {
+            if let Err(err) = rustix::process::setpriority_process(None, niceness) {
                 tracing::warn!(error = %err, "could not lower the priority of a subscription thread");
             }
         })
@@ -80,7 +84,8 @@ pub fn is_current_thread() -> bool {
 /// Starts a socket's loop on the subscription runtime, now, and returns what waits for it to
 /// end; dropping that ends the loop. The socket stays registered with the runtime that
 /// accepted it, whose I/O driver tells this one when it can be written. A panic in the loop
-/// is resumed in the waiter.
+/// is resumed in the waiter. (Where the runtime could not be started, the loop runs in the
+/// waiter, on the caller's runtime.)
 ///
 /// Not an `async fn`: one would hold the loop's future (several KiB) inside the caller's
 /// task as well as in the spawned one, for the socket's whole life.
@@ -88,21 +93,28 @@ pub fn run(
     socket_loop: impl Future<Output = ()> + Send + 'static,
 ) -> impl Future<Output = ()> + Send {
     let started = match &*RUNTIME {
-        Some(runtime) => Ok(AbortOnDropHandle::new(runtime.spawn(socket_loop))),
-        None => Err(Box::pin(socket_loop)),
+        Some(runtime) => Started::Spawned(AbortOnDropHandle::new(runtime.spawn(socket_loop))),
+        None => Started::InTheWaiter(Box::pin(socket_loop)),
     };
     async move {
         match started {
-            Ok(spawned) => {
+            Started::Spawned(spawned) => {
                 if let Err(err) = spawned.await
                     && err.is_panic()
                 {
                     std::panic::resume_unwind(err.into_panic());
                 }
             }
-            Err(socket_loop) => socket_loop.await,
+            Started::InTheWaiter(socket_loop) => socket_loop.await,
         }
     }
+}
+
+/// Where [`run`] started a loop. The loop is boxed when it runs in the waiter, so that the
+/// waiter stays small when it only holds a handle.
+enum Started<F> {
+    Spawned(AbortOnDropHandle<()>),
+    InTheWaiter(std::pin::Pin<Box<F>>),
 }
 
 #[cfg(test)]

@@ -409,7 +409,7 @@ async fn store_inventory(
 
 /// One batch of sessions' looks at their nodes ([`Services::dispatch_many`]).
 async fn dispatch(services: Services, batch: Vec<DispatchLook>) -> Vec<ApiResult<Dispatch>> {
-    handled_whole("dispatching commands", &batch, |looks| {
+    handled_all_or_none("dispatching commands", &batch, |looks| {
         services.dispatch_many(looks)
     })
     .await
@@ -420,7 +420,7 @@ async fn end_sessions(
     services: Services,
     batch: Vec<(NodeId, i64)>,
 ) -> Vec<ApiResult<Vec<Command>>> {
-    handled_whole("recording sessions' ends", &batch, |ended| {
+    handled_all_or_none("recording sessions' ends", &batch, |ended| {
         services.end_sessions(ended)
     })
     .await
@@ -487,7 +487,11 @@ where
 /// [`handled`], for a `handle` that answers every request of its batch or fails as a whole
 /// (one transaction with no request of its own to refuse): a failed batch is still taken again
 /// a request at a time, like any other.
-async fn handled_whole<'a, T, R, F, Fut>(what: &str, batch: &'a [T], handle: F) -> Vec<ApiResult<R>>
+async fn handled_all_or_none<'a, T, R, F, Fut>(
+    what: &str,
+    batch: &'a [T],
+    handle: F,
+) -> Vec<ApiResult<R>>
 where
     F: Fn(&'a [T]) -> Fut,
     Fut: std::future::Future<Output = ApiResult<Vec<R>>>,

@@ -1003,7 +1003,8 @@ async fn slow_and_fast(s: &TestServer, from_cursor: bool) {
 async fn wait_until_live(s: &TestServer, client: &mut SubscriptionClient, id: &str) {
     // Each try waits half a second for its marker: as long as [`WAIT`] in all. A marker is
     // one small event: a try that timed out while the fan-out ran late (its socket loops
-    // yield the CPU to everything else, `subscription_runtime`) adds little to deliver.
+    // yield most of a contended core to the rest, `subscription_runtime`) adds little to
+    // deliver.
     for _ in 0..60 {
         s.server
             .services
