@@ -40,8 +40,8 @@ const _: () = assert!(THREAD_NAME.len() <= 15);
 /// against a runnable request thread. Measured at 10 events a second to 10,000 subscribers
 /// (BENCHMARKS.md, "Subscriptions", session 37): at 10 the paced mutations' p99 was 28 to
 /// 31 ms but the events reached subscribers 1.0 to 1.2 s after them (p99); at 0, 131 ms and
-/// 0.25 s; at 5, 39 to 40 ms and 0.29 to 0.42 s, about as late as before this runtime
-/// existed (0.32 to 0.36 s).
+/// 0.25 s; at 5, 36 to 49 ms and 0.29 to 1.06 s over five runs, against 213 to 286 ms and
+/// 0.32 to 0.50 s before this runtime existed.
 pub const NICENESS: i32 = 5;
 
 /// `None` if the runtime could not be started (no threads to be had), in which case sockets'
