@@ -30,8 +30,10 @@ use axum::body::Bytes;
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
 use bc_core::clock::Clock;
 use chrono::{DateTime, Utc};
-use futures::{SinkExt, Stream, StreamExt};
+use futures::{FutureExt, SinkExt, Stream, StreamExt};
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::future::Future;
+use std::ops::ControlFlow;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -306,7 +308,7 @@ pub async fn serve(
     limits: SocketLimits,
     shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
-    metrics::gauge!("bc_subscription_connections").increment(1.0);
+    let _counted = OpenConnection::counted();
     let (sink, frames) = socket.split();
     let shared = Arc::new(Mutex::new(Shared::default()));
     let hub_wake = Arc::new(Notify::new());
@@ -361,7 +363,11 @@ pub async fn serve(
             }
         }
     };
-    let socket_loop = crate::subscription_runtime::run(
+    let socket_loop = crate::subscription_runtime::run(async move {
+        // The timer is made here, on the subscription runtime: a tokio timer belongs to the
+        // runtime it was made on, whose timer wheel (behind one lock) then keeps it and
+        // wakes the task.
+        let deadlines = Deadlines::new(Instant::now(), limits);
         SocketLoop {
             sink,
             shared,
@@ -371,9 +377,12 @@ pub async fn serve(
             clock,
             limits,
             shutdown,
+            timer: Box::pin(tokio::time::sleep_until(deadlines.earliest())),
+            deadlines,
         }
-        .run(),
-    );
+        .run()
+        .await;
+    });
     tokio::pin!(engine, socket_loop);
     // This task drives the engine until the loop ends (the engine, and the operations it
     // runs, are dropped then), or the engine ends first and the loop sends what it answered.
@@ -381,16 +390,114 @@ pub async fn serve(
         () = &mut socket_loop => {}
         () = &mut engine => socket_loop.await,
     }
-    metrics::gauge!("bc_subscription_connections").decrement(1.0);
 }
 
 /// The engine's answers the socket's loop has not yet taken, beyond which the engine waits.
 /// An answer is one operation's result or `complete`; a client has few operations running.
 const ENGINE_ANSWERS_WAITING: usize = 8;
 
+/// About the most bytes of hub frames a socket's loop writes out with one flush
+/// ([`SocketLoop::on_deliveries`]; the batch ends with the frame that reaches it). A socket
+/// far behind then pays one system call for several frames of a few hundred bytes, rather
+/// than one each. Not more: the socket's write buffer (a `Vec` tungstenite never shrinks)
+/// keeps the capacity the largest batch it wrote out grew it to, up to twice the batch, for
+/// as long as the socket lives, and a subscriber's memory has a goal of its own (issue 16:
+/// 10 KB).
+const MOST_BYTES_PER_FLUSH: usize = 2_048;
+
+/// Counts a socket in `bc_subscription_connections` for as long as it is served, however its
+/// task ends (a panic, or the server dropping it, included).
+struct OpenConnection;
+
+impl OpenConnection {
+    fn counted() -> OpenConnection {
+        metrics::gauge!("bc_subscription_connections").increment(1.0);
+        OpenConnection
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        metrics::gauge!("bc_subscription_connections").decrement(1.0);
+    }
+}
+
+/// The deadlines of a socket's loop. The loop keeps one timer, armed for the earliest of
+/// them, rather than a timer each: its `select!` polls everything it waits on before each
+/// delivery, and deliveries are the fan-out's hot path.
+struct Deadlines {
+    /// `connection_init` must have been accepted by then; `None` once it was.
+    init: Option<Instant>,
+    /// When the next ping goes out (or, while the last one's answer is awaited, when the
+    /// token's expiry is looked at again).
+    ping: Instant,
+    /// While a ping's answer is awaited: when the ping went out, and when the answer is due.
+    pong: Option<(Instant, Instant)>,
+    /// The token's expiry, by the timer's clock; armed once `connection_init` was accepted.
+    expiry: Option<Instant>,
+    /// The token's expiry, by the wall clock, which ends the hub subscriptions (as the
+    /// engine's own end, `graphql::subscription::until_expiry`); armed by the first of them,
+    /// and again by the first after it passed.
+    hub_expiry: Option<Instant>,
+}
+
+impl Deadlines {
+    fn new(started: Instant, limits: SocketLimits) -> Deadlines {
+        Deadlines {
+            init: Some(started + limits.init_timeout),
+            ping: started + limits.ping_interval,
+            pong: None,
+            expiry: None,
+            hub_expiry: None,
+        }
+    }
+
+    /// The earliest deadline: there is always a next ping.
+    fn earliest(&self) -> Instant {
+        [
+            self.init,
+            self.pong.map(|(_, due)| due),
+            self.expiry,
+            self.hub_expiry,
+        ]
+        .into_iter()
+        .flatten()
+        .fold(self.ping, Instant::min)
+    }
+}
+
+/// What woke the socket's loop.
+enum Turn {
+    /// The server is stopping.
+    Stop,
+    /// The timer: a deadline is due.
+    Due,
+    /// The engine answered (`None`: it ended, and has nothing more to send).
+    Answer(Option<WsMessage>),
+    /// The reading side queued a hub request.
+    HubRequest,
+    /// A hub delivered for the subscription of this id.
+    Delivery(String, HubDelivery),
+}
+
+/// What a turn of the loop leaves: go on, or end the socket (with the close frame, if any,
+/// that the server sends).
+type Step = ControlFlow<Option<Closing>>;
+
+/// The step after a write to the socket: one that did not succeed within the write timeout
+/// closes the socket.
+fn written(ok: bool) -> Step {
+    if ok {
+        ControlFlow::Continue(())
+    } else {
+        ControlFlow::Break(Some(Closing::not_reading()))
+    }
+}
+
 /// One socket's loop: it sends the engine's answers and the hubs' payloads, pings, and
 /// closes the socket when a limit is reached or the server stops. It reads nothing from
-/// storage, and runs on the subscription runtime.
+/// storage, and runs on the subscription runtime. Its `run` waits for the next [`Turn`] and
+/// hands it to the handler of its kind.
 struct SocketLoop {
     sink: Sink,
     shared: Arc<Mutex<Shared>>,
@@ -400,148 +507,43 @@ struct SocketLoop {
     clock: Arc<dyn Clock>,
     limits: SocketLimits,
     shutdown: tokio::sync::watch::Receiver<bool>,
+    deadlines: Deadlines,
+    /// Armed for `deadlines.earliest()` (by [`SocketLoop::rearm`]).
+    timer: Pin<Box<tokio::time::Sleep>>,
 }
 
 impl SocketLoop {
-    async fn run(self) {
-        let SocketLoop {
-            mut sink,
-            shared,
-            hub_wake,
-            mut engine_answers,
-            mut hub_subscriptions,
-            clock,
-            limits,
-            mut shutdown,
-        } = self;
-        let started = Instant::now();
-        let init_deadline = tokio::time::sleep(limits.init_timeout);
-        tokio::pin!(init_deadline);
-        let mut ping =
-            tokio::time::interval_at(started + limits.ping_interval, limits.ping_interval);
-        ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // When the last ping went out, while its answer is due.
-        let mut ping_sent: Option<Instant> = None;
-        let pong_deadline = tokio::time::sleep(Duration::ZERO);
-        tokio::pin!(pong_deadline);
-        // Armed once `connection_init` succeeded.
-        let mut expiry_armed = false;
-        let expiry = tokio::time::sleep(Duration::ZERO);
-        tokio::pin!(expiry);
-        // Armed by the first hub subscription.
-        let mut hub_expiry_armed = false;
-        let hub_expiry = tokio::time::sleep(Duration::ZERO);
-        tokio::pin!(hub_expiry);
-
-        let closing: Option<Closing> = loop {
-            tokio::select! {
-                // In this order. The deadlines and the server's stop first: each is ready
+    async fn run(mut self) {
+        let closing = loop {
+            let turn = tokio::select! {
+                // In this order. The server's stop and the deadlines first: each is ready
                 // only when it is due, and answers and payloads that are ready on every turn
                 // must not keep a socket open past its token or the server's stop. Then what
                 // the engine answered before a hub request was queued (its
                 // `connection_ack`, a `complete`), before what the hubs send.
                 biased;
-                // The server is stopping: close so that clients reconnect elsewhere.
-                _ = shutdown.changed() => {
-                    break Some(Closing::ours(CLOSE_GOING_AWAY, "the server is shutting down", "shutdown"));
+                _ = self.shutdown.changed() => Turn::Stop,
+                () = self.timer.as_mut() => Turn::Due,
+                answer = self.engine_answers.next() => Turn::Answer(answer),
+                () = self.hub_wake.notified() => Turn::HubRequest,
+                Some((id, delivery)) = self.hub_subscriptions.streams.next(), if !self.hub_subscriptions.streams.is_empty() => {
+                    Turn::Delivery(id, delivery)
                 }
-                () = &mut init_deadline, if lock(&shared).expires_at.is_none() => {
-                    break Some(Closing::ours(CLOSE_INIT_TIMEOUT, "Connection initialisation timeout", "init_timeout"));
-                }
-                // Hub subscriptions end when the token expires by the wall clock, as the
-                // engine's own do (`graphql::subscription::until_expiry`); later ones at once.
-                () = &mut hub_expiry, if hub_expiry_armed => {
-                    hub_expiry_armed = false;
-                    if !hub_subscriptions.end_all(&shared, &mut sink, limits.write_timeout()).await {
-                        break Some(Closing::not_reading());
-                    }
-                }
-                () = &mut expiry, if expiry_armed => {
-                    let expires_at = lock(&shared).expires_at;
-                    match expires_at {
-                        Some(expires_at) if clock.now() < expires_at => {
-                            // The clock is not the timer's (a test's manual clock): look again.
-                            expiry.as_mut().reset(Instant::now() + until(expires_at, clock.now()));
-                        }
-                        _ => break Some(Closing::expired()),
-                    }
-                }
-                _ = ping.tick() => {
-                    // Expiry is also checked here, so a clock that jumps is noticed within a ping.
-                    if lock(&shared).expires_at.is_some_and(|e| clock.now() >= e) {
-                        break Some(Closing::expired());
-                    }
-                    if ping_sent.is_none() {
-                        if !send(&mut sink, Message::Ping(Bytes::new()), limits.write_timeout()).await {
-                            break Some(Closing::not_reading());
-                        }
-                        let now = Instant::now();
-                        ping_sent = Some(now);
-                        pong_deadline.as_mut().reset(now + limits.pong_timeout);
-                    }
-                }
-                () = &mut pong_deadline, if ping_sent.is_some() => {
-                    let heard = lock(&shared).last_heard;
-                    if heard.is_some_and(|heard| Some(heard) >= ping_sent) {
-                        ping_sent = None;
-                    } else {
-                        break Some(Closing::ours(CLOSE_KEEPALIVE_TIMEOUT, "keep-alive timeout: no pong", "keepalive_timeout"));
-                    }
-                }
-                out = engine_answers.next() => match out {
-                    Some(WsMessage::Text(text)) => {
-                        if !send(&mut sink, Message::Text(text.into()), limits.write_timeout()).await {
-                            break Some(Closing::not_reading());
-                        }
-                        if !expiry_armed && let Some(expires_at) = lock(&shared).expires_at {
-                            expiry.as_mut().reset(Instant::now() + until(expires_at, clock.now()));
-                            expiry_armed = true;
-                        }
-                    }
-                    Some(WsMessage::Close(code, reason)) => {
-                        break Some(if lock(&shared).refused {
-                            Closing::ours(CLOSE_FORBIDDEN, &reason, "unauthenticated")
-                        } else {
-                            Closing { code, reason, metric: None }
-                        });
-                    }
-                    None => {
-                        let shared = lock(&shared);
-                        break match &shared.reused_id {
-                            Some(id) => Some(Closing::ours(
-                                CLOSE_SUBSCRIBER_EXISTS,
-                                &format!("Subscriber for {id} already exists"),
-                                "subscriber_exists",
-                            )),
-                            None => shared.arrived_expired.then(Closing::expired),
-                        };
-                    }
-                },
-                () = hub_wake.notified() => {
-                    let mut failed = false;
-                    loop {
-                        let Some(request) = lock(&shared).hub_requests.pop_front() else { break };
-                        if let HubRequest::Follow { .. } = &request
-                            && !hub_expiry_armed
-                            && let Some(expires_at) = lock(&shared).expires_at
-                        {
-                            hub_expiry.as_mut().reset(Instant::now() + until(expires_at, Utc::now()));
-                            hub_expiry_armed = true;
-                        }
-                        if !hub_subscriptions.handle(request, &mut sink, limits.write_timeout()).await {
-                            failed = true;
-                            break;
-                        }
-                    }
-                    if failed {
-                        break Some(Closing::not_reading());
-                    }
-                }
-                Some((id, delivery)) = hub_subscriptions.streams.next(), if !hub_subscriptions.streams.is_empty() => {
-                    if !hub_subscriptions.deliver(id, delivery, &shared, &mut sink, limits.write_timeout()).await {
-                        break Some(Closing::not_reading());
-                    }
-                }
+            };
+            let step = match turn {
+                // Closed so that clients reconnect elsewhere.
+                Turn::Stop => ControlFlow::Break(Some(Closing::ours(
+                    CLOSE_GOING_AWAY,
+                    "the server is shutting down",
+                    "shutdown",
+                ))),
+                Turn::Due => self.on_due().await,
+                Turn::Answer(answer) => self.on_answer(answer).await,
+                Turn::HubRequest => self.on_hub_request().await,
+                Turn::Delivery(id, delivery) => self.on_deliveries(id, delivery).await,
+            };
+            if let ControlFlow::Break(closing) = step {
+                break closing;
             }
         };
         if let Some(closing) = closing {
@@ -553,8 +555,209 @@ impl SocketLoop {
                 code: closing.code,
                 reason: close_reason(closing.reason).into(),
             };
-            let _ = send(&mut sink, Message::Close(Some(frame)), limits.pong_timeout).await;
+            let _ = send(
+                &mut self.sink,
+                Message::Close(Some(frame)),
+                self.limits.pong_timeout,
+            )
+            .await;
         }
+    }
+
+    /// The token's expiry, once `connection_init` carried a valid one.
+    fn token_expiry(&self) -> Option<DateTime<Utc>> {
+        lock(&self.shared).expires_at
+    }
+
+    /// Arms the timer for the earliest deadline, if that changed.
+    fn rearm(&mut self) {
+        let earliest = self.deadlines.earliest();
+        if self.timer.deadline() != earliest {
+            self.timer.as_mut().reset(earliest);
+        }
+    }
+
+    /// Handles the deadlines that are due, and arms the timer for the next. In this order:
+    /// `connection_init`'s first (a socket that never started has nothing else to do); at
+    /// the token's expiry, the hub subscriptions' end before the socket's, so that they are
+    /// told `UNAUTHENTICATED` before the socket closes with 4403; the ping before its
+    /// answer's deadline.
+    async fn on_due(&mut self) -> Step {
+        let now = Instant::now();
+        let timeout = self.limits.write_timeout();
+        if self.deadlines.init.is_some_and(|init| now >= init) {
+            if self.token_expiry().is_none() {
+                return ControlFlow::Break(Some(Closing::ours(
+                    CLOSE_INIT_TIMEOUT,
+                    "Connection initialisation timeout",
+                    "init_timeout",
+                )));
+            }
+            self.deadlines.init = None;
+        }
+        if self.deadlines.hub_expiry.is_some_and(|at| now >= at) {
+            self.deadlines.hub_expiry = None;
+            written(
+                self.hub_subscriptions
+                    .end_all(&self.shared, &mut self.sink, timeout)
+                    .await,
+            )?;
+        }
+        if self.deadlines.expiry.is_some_and(|at| now >= at) {
+            match self.token_expiry() {
+                // The clock is not the timer's (a test's manual clock): look again.
+                Some(expires_at) if self.clock.now() < expires_at => {
+                    self.deadlines.expiry =
+                        Some(Instant::now() + until(expires_at, self.clock.now()));
+                }
+                _ => return ControlFlow::Break(Some(Closing::expired())),
+            }
+        }
+        if now >= self.deadlines.ping {
+            // Expiry is also checked here, so a clock that jumps is noticed within a ping.
+            let expires_at = self.token_expiry();
+            if expires_at.is_some_and(|e| self.clock.now() >= e) {
+                return ControlFlow::Break(Some(Closing::expired()));
+            }
+            if self.deadlines.pong.is_none() {
+                written(send(&mut self.sink, Message::Ping(Bytes::new()), timeout).await)?;
+                let sent_at = Instant::now();
+                self.deadlines.pong = Some((sent_at, sent_at + self.limits.pong_timeout));
+            }
+            self.deadlines.ping = Instant::now() + self.limits.ping_interval;
+        }
+        if let Some((ping_sent, due)) = self.deadlines.pong
+            && now >= due
+        {
+            // Any frame since the ping will do, not only its pong.
+            let heard_since = lock(&self.shared)
+                .last_heard
+                .is_some_and(|heard| heard >= ping_sent);
+            if !heard_since {
+                return ControlFlow::Break(Some(Closing::ours(
+                    CLOSE_KEEPALIVE_TIMEOUT,
+                    "keep-alive timeout: no pong",
+                    "keepalive_timeout",
+                )));
+            }
+            self.deadlines.pong = None;
+        }
+        self.rearm();
+        ControlFlow::Continue(())
+    }
+
+    /// Sends what the engine answered, or ends the socket as the engine did.
+    async fn on_answer(&mut self, answer: Option<WsMessage>) -> Step {
+        match answer {
+            Some(WsMessage::Text(text)) => {
+                written(
+                    send(
+                        &mut self.sink,
+                        Message::Text(text.into()),
+                        self.limits.write_timeout(),
+                    )
+                    .await,
+                )?;
+                if self.deadlines.expiry.is_none()
+                    && let Some(expires_at) = self.token_expiry()
+                {
+                    // `connection_init` was accepted: its deadline is met, the token's is set.
+                    self.deadlines.init = None;
+                    self.deadlines.expiry =
+                        Some(Instant::now() + until(expires_at, self.clock.now()));
+                    self.rearm();
+                }
+                ControlFlow::Continue(())
+            }
+            Some(WsMessage::Close(code, reason)) => {
+                ControlFlow::Break(Some(if lock(&self.shared).refused {
+                    Closing::ours(CLOSE_FORBIDDEN, &reason, "unauthenticated")
+                } else {
+                    Closing {
+                        code,
+                        reason,
+                        metric: None,
+                    }
+                }))
+            }
+            None => {
+                let shared = lock(&self.shared);
+                ControlFlow::Break(match &shared.reused_id {
+                    Some(id) => Some(Closing::ours(
+                        CLOSE_SUBSCRIBER_EXISTS,
+                        &format!("Subscriber for {id} already exists"),
+                        "subscriber_exists",
+                    )),
+                    None => shared.arrived_expired.then(Closing::expired),
+                })
+            }
+        }
+    }
+
+    /// Sends what a hub delivered, and what the hubs have ready after it, up to about
+    /// [`MOST_BYTES_PER_FLUSH`], then writes them out at once. A socket that fell behind (a
+    /// burst of events, a busy machine) so catches up with a system call per batch of frames
+    /// rather than per frame, where most of a delivery's CPU goes (BENCHMARKS.md,
+    /// "Subscriptions"). The batch ends early at whatever the loop would otherwise have
+    /// handled first: the server's stop, a deadline due, or a hub request (a subscription
+    /// the client completed then gets nothing more, where the loop has seen its request).
+    async fn on_deliveries(&mut self, id: String, delivery: HubDelivery) -> Step {
+        let timeout = self.limits.write_timeout();
+        let mut next = Some((id, delivery));
+        let mut fed = 0;
+        while let Some((id, delivery)) = next.take() {
+            let Some(bytes) = self
+                .hub_subscriptions
+                .deliver(id, delivery, &self.shared, &mut self.sink, timeout)
+                .await
+            else {
+                return ControlFlow::Break(Some(Closing::not_reading()));
+            };
+            fed += bytes;
+            if fed >= MOST_BYTES_PER_FLUSH
+                || self.shutdown.has_changed().unwrap_or(true)
+                || self.timer.is_elapsed()
+                || !lock(&self.shared).hub_requests.is_empty()
+            {
+                break;
+            }
+            next = self
+                .hub_subscriptions
+                .streams
+                .next()
+                .now_or_never()
+                .flatten();
+        }
+        written(within(timeout, self.sink.flush()).await)
+    }
+
+    /// Handles the first hub request queued. One a turn, so that an answer the engine gave
+    /// before the next request was queued still goes out before what that request sends.
+    async fn on_hub_request(&mut self) -> Step {
+        let (request, more) = {
+            let mut shared = lock(&self.shared);
+            let request = shared.hub_requests.pop_front();
+            (request, !shared.hub_requests.is_empty())
+        };
+        if more {
+            // Comes back for the next, after what is ahead of it.
+            self.hub_wake.notify_one();
+        }
+        let Some(request) = request else {
+            return ControlFlow::Continue(());
+        };
+        if let HubRequest::Follow { .. } = &request
+            && self.deadlines.hub_expiry.is_none()
+            && let Some(expires_at) = self.token_expiry()
+        {
+            self.deadlines.hub_expiry = Some(Instant::now() + until(expires_at, Utc::now()));
+            self.rearm();
+        }
+        written(
+            self.hub_subscriptions
+                .handle(request, &mut self.sink, self.limits.write_timeout())
+                .await,
+        )
     }
 }
 
@@ -635,7 +838,9 @@ impl HubSubscriptions {
         }
     }
 
-    /// Sends what a hub delivered for subscription `id`. False if the socket failed.
+    /// Sends what a hub delivered for subscription `id`: a payload is only fed to the socket
+    /// (the caller flushes), the end of a subscription is sent at once. The bytes fed, or
+    /// `None` if the socket failed.
     async fn deliver(
         &mut self,
         id: String,
@@ -643,24 +848,21 @@ impl HubSubscriptions {
         shared: &Mutex<Shared>,
         sink: &mut Sink,
         timeout: Duration,
-    ) -> bool {
+    ) -> Option<usize> {
         let Some(following) = self.subscriptions.get_mut(&id) else {
-            return true;
+            return Some(0);
         };
-        match delivery {
+        let sent = match delivery {
             HubDelivery::Payload(item) => {
                 if item.cursor <= following.skip_through {
-                    return true;
+                    return Some(0);
                 }
                 following.cursor = item.cursor;
-                send_next(
-                    self.next_type,
-                    sink,
-                    &following.id_json,
-                    &item.payload,
-                    timeout,
-                )
-                .await
+                let frame = next_frame(self.next_type, &following.id_json, &item.payload);
+                let bytes = frame.len();
+                return within(timeout, sink.feed(Message::Text(frame.into())))
+                    .await
+                    .then_some(bytes);
             }
             HubDelivery::FellBehind => {
                 metrics::counter!("bc_feed_subscribers_lagged_total").increment(1);
@@ -673,7 +875,8 @@ impl HubSubscriptions {
                 Some(following) => send(sink, complete_frame(&following.id_json), timeout).await,
                 None => true,
             },
-        }
+        };
+        sent.then_some(0)
     }
 
     /// Ends every hub subscription with `UNAUTHENTICATED`: the token expired. False if the
@@ -712,7 +915,8 @@ impl HubSubscriptions {
         let Some(following) = self.release(id, shared) else {
             return true;
         };
-        send_next(self.next_type, sink, &following.id_json, payload, timeout).await
+        let frame = next_frame(self.next_type, &following.id_json, payload);
+        send(sink, Message::Text(frame.into()), timeout).await
             && send(sink, complete_frame(&following.id_json), timeout).await
     }
 
@@ -740,17 +944,9 @@ impl HubSubscriptions {
     }
 }
 
-/// A `next` (or `data`) frame of the subscription `id_json` carrying `payload`. False if the
-/// socket failed.
-async fn send_next(
-    next_type: &str,
-    sink: &mut Sink,
-    id_json: &str,
-    payload: &str,
-    timeout: Duration,
-) -> bool {
-    let frame = format!(r#"{{"type":"{next_type}","id":{id_json},"payload":{payload}}}"#);
-    send(sink, Message::Text(frame.into()), timeout).await
+/// The text of a `next` (or `data`) frame of the subscription `id_json` carrying `payload`.
+fn next_frame(next_type: &str, id_json: &str, payload: &str) -> String {
+    format!(r#"{{"type":"{next_type}","id":{id_json},"payload":{payload}}}"#)
 }
 
 /// The id of the operation an engine frame completes: its operations end with `complete`
@@ -791,13 +987,18 @@ fn until(expires_at: DateTime<Utc>, now: DateTime<Utc>) -> Duration {
     (expires_at - now).to_std().unwrap_or_default()
 }
 
-/// Sends one frame within `timeout`; false if the socket failed or the peer did not take
-/// it in time.
+/// Sends one frame, and whatever was fed before it, within `timeout`; false if the socket
+/// failed or the peer did not take it in time.
 async fn send(sink: &mut Sink, message: Message, timeout: Duration) -> bool {
-    matches!(
-        tokio::time::timeout(timeout, sink.send(message)).await,
-        Ok(Ok(()))
-    )
+    within(timeout, sink.send(message)).await
+}
+
+/// Whether a write to the socket succeeded within `timeout`: a `send`, a `flush`, or a `feed`,
+/// which leaves the frame in the sink's slot and tungstenite's write buffer until the next
+/// flush (`http.rs` keeps tungstenite's default `write_buffer_size`, 128 KiB, below which it
+/// writes nothing out by itself).
+async fn within(timeout: Duration, write: impl Future<Output = Result<(), axum::Error>>) -> bool {
+    matches!(tokio::time::timeout(timeout, write).await, Ok(Ok(())))
 }
 
 /// The `Authorization` value of a `connection_init` payload: `{"Authorization": "Bearer …"}`
@@ -814,4 +1015,52 @@ fn bearer_from_init(payload: &serde_json::Value) -> Option<String> {
                 .and_then(|t| t.as_str())
                 .map(|t| format!("Bearer {t}"))
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Deadlines, SocketLimits};
+    use std::time::Duration;
+    use tokio::time::Instant;
+
+    /// The loop's one timer is armed for the first of the deadlines armed, whichever it is.
+    #[test]
+    fn the_timer_is_armed_for_the_first_deadline() {
+        let limits = SocketLimits {
+            init_timeout: Duration::from_secs(10),
+            ping_interval: Duration::from_secs(20),
+            pong_timeout: Duration::from_secs(5),
+        };
+        let start = Instant::now();
+        let at = |secs| start + Duration::from_secs(secs);
+        assert_eq!(
+            Deadlines::new(start, limits).earliest(),
+            at(10),
+            "a new socket: connection_init's deadline, before the first ping"
+        );
+        // Each case: the deadlines armed (init, pong due, expiry, hub expiry), with the next
+        // ping at 20 s, and the one the timer must be armed for.
+        let cases = [
+            ((None, None, None, None), at(20)),
+            ((None, Some(at(25)), None, None), at(20)),
+            ((None, Some(at(15)), None, None), at(15)),
+            ((None, None, Some(at(3)), Some(at(4))), at(3)),
+            ((None, None, Some(at(30)), Some(at(2))), at(2)),
+            ((Some(at(10)), Some(at(25)), Some(at(30)), None), at(10)),
+        ];
+        for ((init, pong, expiry, hub_expiry), first) in cases {
+            let deadlines = Deadlines {
+                init,
+                ping: at(20),
+                pong: pong.map(|due| (start, due)),
+                expiry,
+                hub_expiry,
+            };
+            assert_eq!(
+                deadlines.earliest(),
+                first,
+                "{init:?} {pong:?} {expiry:?} {hub_expiry:?}"
+            );
+        }
+    }
 }

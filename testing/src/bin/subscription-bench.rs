@@ -394,6 +394,9 @@ async fn run_bench(
                 break;
             }
         }
+        // After the phases: what the sockets kept of the burst (a write buffer keeps the
+        // size of the most it wrote out at once).
+        let rss_end = server.memory()?.rss_kb;
         let _ = stop_tx.send(true);
         let mut seen = Vec::with_capacity(handles.len());
         for handle in handles.drain(..) {
@@ -409,6 +412,7 @@ async fn run_bench(
             connect_took,
             rss_before_kb: rss_before,
             rss_after_kb: rss_after,
+            rss_end_kb: rss_end,
             peak_rss_kb: server.memory()?.peak_rss_kb,
             sent,
             phases,
@@ -661,6 +665,7 @@ struct Report {
     connect_took: Duration,
     rss_before_kb: u64,
     rss_after_kb: u64,
+    rss_end_kb: u64,
     peak_rss_kb: u64,
     sent: Vec<Sent>,
     phases: Vec<PhaseRun>,
@@ -714,6 +719,15 @@ impl Report {
                     self.peak_rss_kb as f64 / 1024.0
                 ),
                 RAW_MEMORY,
+            ),
+            (
+                "server RSS after the phases".into(),
+                format!(
+                    "{:.1} MB: {:.1} KB per subscriber",
+                    self.rss_end_kb as f64 / 1024.0,
+                    self.rss_end_kb.saturating_sub(self.rss_before_kb) as f64 / n,
+                ),
+                "",
             ),
         ];
         for phase in &self.phases {

@@ -54,9 +54,8 @@ fn padded<T: Clone>(values: &[T]) -> Vec<T> {
 /// PostgreSQL left 42 MB of prepared statements and 38 MB of write buffers in the pool at
 /// rest, 8 KB a node; the write buffers all grown by the events written at commit (up to
 /// 1.8 MB a message with their JSON). With 2,048, 16 MB and 0.3 MB (heaptrack, BENCHMARKS.md,
-/// session 36). A bring-up's batch still takes a
-/// few statements per table, not one per row. Both backends' limits are far above it
-/// (SQLite 32,766, PostgreSQL 65,535).
+/// session 36). A bring-up's batch still takes a few statements per table, not one per row.
+/// Both backends' limits are far above it (SQLite 32,766, PostgreSQL 65,535).
 pub const MOST_PARAMETERS_PER_WRITE: usize = 2_048;
 
 /// The longest run ([`runs`]) of rows that bind `parameters_per_row` each: the largest power
@@ -74,11 +73,12 @@ pub const fn longest_run(parameters_per_row: usize) -> usize {
 /// [`MOST_PARAMETERS_PER_WRITE`], with no count kept by hand. (A wider table gets shorter
 /// runs: 32 node rows, 128 events, 512 labels.)
 pub fn runs_of<E: EntityTrait, T>(rows: Vec<T>) -> Vec<Vec<T>> {
-    runs(rows, longest_run(E::Column::iter().count()))
+    runs_of_at_most::<E, T>(rows, usize::MAX)
 }
 
-/// [`runs_of`], in runs of at most `most` rows (a power of two): for a table whose rows are
-/// large for the parameters they bind (inventory sections' JSON).
+/// [`runs_of`], in runs of at most `most` rows (a power of two, or `usize::MAX` for no bound
+/// but the columns'): for a table whose rows are large for the parameters they bind
+/// (inventory sections' JSON).
 pub fn runs_of_at_most<E: EntityTrait, T>(rows: Vec<T>, most: usize) -> Vec<Vec<T>> {
     runs(rows, most.min(longest_run(E::Column::iter().count())))
 }
