@@ -426,8 +426,9 @@ impl Drop for OpenConnection {
 /// them, rather than a timer each: its `select!` polls everything it waits on before each
 /// delivery, and deliveries are the fan-out's hot path.
 struct Deadlines {
-    /// `connection_init` must have been accepted by then; `None` once it was.
-    init: Option<Instant>,
+    /// `connection_init` must have been accepted by then: a deadline only while `expiry` is
+    /// not armed, which the loop does once it has seen the token accepted.
+    init: Instant,
     /// When the next ping goes out (or, while the last one's answer is awaited, when the
     /// token's expiry is looked at again).
     ping: Instant,
@@ -444,7 +445,7 @@ struct Deadlines {
 impl Deadlines {
     fn new(started: Instant, limits: SocketLimits) -> Deadlines {
         Deadlines {
-            init: Some(started + limits.init_timeout),
+            init: started + limits.init_timeout,
             ping: started + limits.ping_interval,
             pong: None,
             expiry: None,
@@ -452,10 +453,15 @@ impl Deadlines {
         }
     }
 
+    /// `connection_init`'s deadline, while it is one.
+    fn init_due(&self) -> Option<Instant> {
+        self.expiry.is_none().then_some(self.init)
+    }
+
     /// The earliest deadline: there is always a next ping.
     fn earliest(&self) -> Instant {
         [
-            self.init,
+            self.init_due(),
             self.pong.map(|(_, due)| due),
             self.expiry,
             self.hub_expiry,
@@ -569,6 +575,12 @@ impl SocketLoop {
         lock(&self.shared).expires_at
     }
 
+    /// Arms the token's deadline, once `connection_init` was accepted: that one replaces
+    /// `connection_init`'s.
+    fn arm_expiry(&mut self, expires_at: DateTime<Utc>) {
+        self.deadlines.expiry = Some(Instant::now() + until(expires_at, self.clock.now()));
+    }
+
     /// Arms the timer for the earliest deadline, if that changed.
     fn rearm(&mut self) {
         let earliest = self.deadlines.earliest();
@@ -585,15 +597,16 @@ impl SocketLoop {
     async fn on_due(&mut self) -> Step {
         let now = Instant::now();
         let timeout = self.limits.write_timeout();
-        if self.deadlines.init.is_some_and(|init| now >= init) {
-            if self.token_expiry().is_none() {
+        if self.deadlines.init_due().is_some_and(|init| now >= init) {
+            // Accepted, but its `connection_ack` is still on its way to this loop.
+            let Some(expires_at) = self.token_expiry() else {
                 return ControlFlow::Break(Some(Closing::ours(
                     CLOSE_INIT_TIMEOUT,
                     "Connection initialisation timeout",
                     "init_timeout",
                 )));
-            }
-            self.deadlines.init = None;
+            };
+            self.arm_expiry(expires_at);
         }
         if self.deadlines.hub_expiry.is_some_and(|at| now >= at) {
             self.deadlines.hub_expiry = None;
@@ -661,10 +674,8 @@ impl SocketLoop {
                 if self.deadlines.expiry.is_none()
                     && let Some(expires_at) = self.token_expiry()
                 {
-                    // `connection_init` was accepted: its deadline is met, the token's is set.
-                    self.deadlines.init = None;
-                    self.deadlines.expiry =
-                        Some(Instant::now() + until(expires_at, self.clock.now()));
+                    // `connection_init` was accepted (this was its `connection_ack`).
+                    self.arm_expiry(expires_at);
                     self.rearm();
                 }
                 ControlFlow::Continue(())
@@ -1038,15 +1049,20 @@ mod tests {
             at(10),
             "a new socket: connection_init's deadline, before the first ping"
         );
-        // Each case: the deadlines armed (init, pong due, expiry, hub expiry), with the next
-        // ping at 20 s, and the one the timer must be armed for.
+        // Each case: connection_init's deadline, the deadlines armed (pong due, expiry, hub
+        // expiry), with the next ping at 20 s, and the one the timer must be armed for.
+        // connection_init's counts only until the token's expiry is armed.
         let cases = [
-            ((None, None, None, None), at(20)),
-            ((None, Some(at(25)), None, None), at(20)),
-            ((None, Some(at(15)), None, None), at(15)),
-            ((None, None, Some(at(3)), Some(at(4))), at(3)),
-            ((None, None, Some(at(30)), Some(at(2))), at(2)),
-            ((Some(at(10)), Some(at(25)), Some(at(30)), None), at(10)),
+            ((at(10), None, None, None), at(10)),
+            ((at(10), None, Some(at(30)), None), at(20)),
+            ((at(30), Some(at(25)), None, None), at(20)),
+            ((at(30), Some(at(15)), None, None), at(15)),
+            ((at(1), None, Some(at(3)), Some(at(4))), at(3)),
+            ((at(1), None, Some(at(30)), Some(at(2))), at(2)),
+            ((at(10), Some(at(25)), Some(at(30)), None), at(20)),
+            // Accepted, its connection_ack not yet seen by the loop, a hub subscription
+            // already following a token that expires sooner.
+            ((at(10), None, None, Some(at(5))), at(5)),
         ];
         for ((init, pong, expiry, hub_expiry), first) in cases {
             let deadlines = Deadlines {
