@@ -634,19 +634,7 @@ impl Server {
     /// `/proc/<pid>/task/*/comm` shows it), in clock ticks. A thread that has exited counts
     /// no more.
     pub fn thread_cpu_ticks(&self, name: &str) -> anyhow::Result<f64> {
-        let tasks = format!("/proc/{}/task", self.pid());
-        let mut ticks = 0.0;
-        for task in std::fs::read_dir(&tasks).with_context(|| format!("reading {tasks}"))? {
-            let dir = task?.path();
-            // A thread may exit between the listing and the read: it is not counted then.
-            let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else {
-                continue;
-            };
-            if comm.trim_end() == name {
-                ticks += cpu_ticks(&dir.join("stat").to_string_lossy()).unwrap_or(0.0);
-            }
-        }
-        Ok(ticks)
+        thread_cpu_ticks_of(&self.pid().to_string(), name)
     }
 
     /// The server's memory now and at its peak.
@@ -957,6 +945,30 @@ pub struct StatementTime {
 /// The benchmark's own CPU time so far, in clock ticks (see [`clock_ticks_per_second`]).
 pub fn own_cpu_ticks() -> anyhow::Result<f64> {
     cpu_ticks("/proc/self/stat")
+}
+
+/// The CPU time so far of this process's threads named `name`, in clock ticks: as
+/// [`Server::thread_cpu_ticks`], for the benchmark's own threads.
+pub fn own_thread_cpu_ticks(name: &str) -> anyhow::Result<f64> {
+    thread_cpu_ticks_of("self", name)
+}
+
+/// The CPU time so far of the threads named `name` (their `comm`, as
+/// `/proc/<process>/task/*/comm` shows it) of `process` (a pid, or `self`), in clock ticks.
+fn thread_cpu_ticks_of(process: &str, name: &str) -> anyhow::Result<f64> {
+    let tasks = format!("/proc/{process}/task");
+    let mut ticks = 0.0;
+    for task in std::fs::read_dir(&tasks).with_context(|| format!("reading {tasks}"))? {
+        let dir = task?.path();
+        // A thread may exit between the listing and the read: it is not counted then.
+        let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else {
+            continue;
+        };
+        if comm.trim_end() == name {
+            ticks += cpu_ticks(&dir.join("stat").to_string_lossy()).unwrap_or(0.0);
+        }
+    }
+    Ok(ticks)
 }
 
 /// A child process's CPU time so far, in clock ticks.

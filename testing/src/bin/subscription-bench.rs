@@ -10,7 +10,9 @@
 //! mutation's response (the commit is acknowledged) and from its request to each receipt
 //! (p50, p99, max), the deliveries per second, and the server's CPU (per delivery, too) and
 //! memory (per connection), next to the raw limits measured on this machine kind
-//! (`shared/notes/performance.md`).
+//! (`shared/notes/performance.md`). The subscribers run on a runtime of their own, whose
+//! threads `--subscriber-niceness` puts below the rest of the benchmark: they stand in for
+//! dashboards on other machines, and on this one they compete with the server for its cores.
 //!
 //! Everything talks to 127.0.0.1 only; every loop is bounded; the child is stopped on exit.
 //!
@@ -47,6 +49,8 @@ const AUDIENCE: &str = "better-compute";
 const SPARE_FDS: u64 = 512;
 /// A receipt slot nobody filled.
 const NOT_RECEIVED: u32 = u32::MAX;
+/// The name of the subscribers' threads (Linux keeps 15 bytes of it).
+const SUBSCRIBER_THREADS: &str = "bench-subscribe";
 
 /// The raw limits measured on this machine kind, quoted from
 /// `shared/notes/performance.md`, by the measure they bound.
@@ -87,6 +91,15 @@ struct Args {
     /// How long every subscriber may take to receive every event of a phase, in seconds.
     #[arg(long, default_value_t = 600)]
     delivery_timeout: u64,
+    /// How many nice steps below the benchmark's other threads (the mutations, the clock)
+    /// its subscribers' threads run. The subscribers stand in for dashboards on other
+    /// machines; on this one they compete with the server for its cores, and where the
+    /// machine is full the server's figures then include waiting for them. At 0 they compete
+    /// as equals. At 10 a contended core goes about 90 % to the server's request threads and
+    /// 75 % to its fan-out (at +5), which shows the server's own share of a mutation's
+    /// latency; the delivery times then include the subscribers' own wait for a core.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i32).range(0..=19))]
+    subscriber_niceness: i32,
     /// Run on a fresh database on the PostgreSQL server of `BC_TEST_POSTGRES_URL` (default
     /// postgres://postgres@127.0.0.1:5432/postgres), dropped afterwards.
     #[arg(long)]
@@ -222,13 +235,15 @@ async fn run_bench(
         anyhow::Result<tokio::task::JoinHandle<Seen>>,
     >(args.subscribers);
     let connect_started = Instant::now();
+    let subscriber_runtime = SubscriberRuntime::start(args.subscriber_niceness)?;
     let opener = {
         let url = server.api_url();
         let lookup = lookup.clone();
         let received = received.clone();
         let concurrency = args.connect_concurrency;
         let count = args.subscribers;
-        tokio::spawn(async move {
+        // Every subscriber's connection and task on the subscribers' runtime.
+        subscriber_runtime.spawn(async move {
             futures::stream::iter(0..count)
                 .for_each_concurrent(concurrency, |_| {
                     let (url, viewer, cursor) = (url.clone(), viewer.clone(), cursor.clone());
@@ -328,6 +343,7 @@ async fn run_bench(
             let cpu_before = server.cpu_ticks()?;
             let fanout_cpu_before = server.thread_cpu_ticks(SUBSCRIPTION_THREADS)?;
             let own_cpu_before = bench::own_cpu_ticks()?;
+            let subscribers_cpu_before = bench::own_thread_cpu_ticks(SUBSCRIBER_THREADS)?;
             let started = Instant::now();
             let mut ticker = pace.map(|p| {
                 let mut ticker = tokio::time::interval(p);
@@ -377,6 +393,9 @@ async fn run_bench(
             let fanout_cpu =
                 (server.thread_cpu_ticks(SUBSCRIPTION_THREADS)? - fanout_cpu_before) / clk_tck;
             let own_cpu = (bench::own_cpu_ticks()? - own_cpu_before) / clk_tck;
+            let subscribers_cpu = (bench::own_thread_cpu_ticks(SUBSCRIBER_THREADS)?
+                - subscribers_cpu_before)
+                / clk_tck;
             if let Err(err) = &delivered {
                 tracing::warn!("{name}: {err:#}");
             }
@@ -388,6 +407,7 @@ async fn run_bench(
                 server_cpu_s: cpu,
                 fanout_cpu_s: fanout_cpu,
                 own_cpu_s: own_cpu,
+                subscribers_cpu_s: subscribers_cpu,
                 complete: delivered.is_ok(),
             });
             if delivered.is_err() {
@@ -407,6 +427,7 @@ async fn run_bench(
             backend: backend_name.to_owned(),
             mutations: args.mutations,
             rate: args.rate,
+            subscriber_niceness: args.subscriber_niceness,
             nodes: args.nodes,
             fd_limit,
             connect_took,
@@ -652,6 +673,8 @@ struct PhaseRun {
     /// Of `server_cpu_s`, the subscription runtime's threads' (the sockets' loops).
     fanout_cpu_s: f64,
     own_cpu_s: f64,
+    /// Of `own_cpu_s`, the subscribers' threads'.
+    subscribers_cpu_s: f64,
     complete: bool,
 }
 
@@ -660,6 +683,7 @@ struct Report {
     backend: String,
     mutations: usize,
     rate: f64,
+    subscriber_niceness: i32,
     nodes: usize,
     fd_limit: u64,
     connect_took: Duration,
@@ -812,8 +836,9 @@ impl Report {
                 (
                     format!("{label}: benchmark CPU (clients)"),
                     format!(
-                        "{:.1} % of one core",
-                        phase.own_cpu_s / phase.elapsed.as_secs_f64() * 100.0
+                        "{:.1} % of one core ({:.1} % the subscribers')",
+                        phase.own_cpu_s / phase.elapsed.as_secs_f64() * 100.0,
+                        phase.subscribers_cpu_s / phase.elapsed.as_secs_f64() * 100.0,
                     ),
                     RAW_CPU,
                 ),
@@ -841,6 +866,13 @@ impl Report {
             self.nodes,
             self.fd_limit
         )?;
+        if self.subscriber_niceness > 0 {
+            writeln!(
+                out,
+                "the subscribers' threads run {} nice steps below the rest of the benchmark: the delivery times include their own wait for a core",
+                self.subscriber_niceness
+            )?;
+        }
         writeln!(out)?;
         bench::write_table(&mut out, &rows)?;
         if let Some(first) = errors.first() {
@@ -852,6 +884,55 @@ impl Report {
             )?;
         }
         Ok(())
+    }
+}
+
+/// The runtime the subscribers' connections and tasks run on, apart from the one that sends
+/// the mutations and polls for deliveries: those then never wait behind 10,000 subscribers'
+/// frames in the benchmark's own run queues, and the subscribers' threads can run at a lower
+/// priority (`--subscriber-niceness`). Shut down without waiting when dropped, which an async
+/// context allows (a plain runtime's drop would panic there).
+struct SubscriberRuntime {
+    handle: tokio::runtime::Handle,
+    /// `None` once shut down.
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl SubscriberRuntime {
+    fn start(niceness: i32) -> anyhow::Result<SubscriberRuntime> {
+        // Set, not added: a thread starts with the nice value of the thread that spawned it.
+        let nice = rustix::process::getpriority_process(None).unwrap_or(0) + niceness;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .thread_name(SUBSCRIBER_THREADS)
+            .on_thread_start(move || {
+                // Linux keeps a nice value per thread: this lowers only these threads.
+                if let Err(err) = rustix::process::setpriority_process(None, nice) {
+                    tracing::warn!(error = %err, "could not lower a subscriber thread's priority");
+                }
+            })
+            .enable_all()
+            .build()
+            .context("starting the subscribers' runtime")?;
+        Ok(SubscriberRuntime {
+            handle: runtime.handle().clone(),
+            runtime: Some(runtime),
+        })
+    }
+
+    fn spawn<F>(&self, future: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.handle.spawn(future)
+    }
+}
+
+impl Drop for SubscriberRuntime {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
     }
 }
 
