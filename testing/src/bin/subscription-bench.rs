@@ -96,8 +96,9 @@ struct Args {
     /// machines; on this one they compete with the server for its cores, and where the
     /// machine is full the server's figures then include waiting for them. At 0 they compete
     /// as equals. At 10 a contended core goes about 90 % to the server's request threads and
-    /// 75 % to its fan-out (at +5), which shows the server's own share of a mutation's
-    /// latency; the delivery times then include the subscribers' own wait for a core.
+    /// 75 % to its fan-out (at +5), which shows what the clients' competition adds to a
+    /// mutation's latency; the delivery times then include the subscribers' own wait for a
+    /// core.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i32).range(0..=19))]
     subscriber_niceness: i32,
     /// Run on a fresh database on the PostgreSQL server of `BC_TEST_POSTGRES_URL` (default
